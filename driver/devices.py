@@ -1,0 +1,89 @@
+"""The DRA device model: what this node offers, before it becomes ResourceSlice objects.
+
+Pure data. Attribute names without a ``/`` live in the driver's own domain (the scheduler
+and CEL see them as ``device.attributes["<driver>"].<name>``); qualified names keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    """A semantic-version attribute value (``driverVersion``, ``cudaComputeCapability``)."""
+
+    value: str
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AttributeValue = str | int | bool | Version
+"""One DRA attribute value; ``bool`` is checked before ``int`` wherever the type matters."""
+
+TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: TaintEffect
+    time_added: str | None = None
+    """RFC 3339 timestamp; ``None`` lets the apiserver fill it in."""
+
+
+@dataclass(frozen=True)
+class CounterConsumption:
+    """How much of one shared counter set a device uses while it is allocated."""
+
+    counter_set: str
+    counters: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """Shared counters of one physical GPU (dynamic MIG), published in a counters-only slice."""
+
+    name: str
+    counters: Mapping[str, int]
+
+
+DeviceType = Literal["gpu", "mig"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable DRA device.
+
+    ``group`` names the physical GPU the device belongs to (``gpu-<minor>``); slices are laid
+    out per group so that a change to one GPU touches one slice.
+    """
+
+    name: str
+    group: str
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, int]
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    taints: tuple[Taint, ...] = ()
+
+    @property
+    def type(self) -> str:
+        value = self.attributes.get("type")
+        return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """Everything one node publishes for one driver: devices and the counter sets they use."""
+
+    devices: tuple[Device, ...]
+    counter_sets: tuple[CounterSet, ...] = ()
+    groups: tuple[str, ...] = field(default=())
+    """Physical GPU groups in publishing order (``gpu-0``, ``gpu-1`` …)."""
+
+    def by_name(self) -> dict[str, Device]:
+        return {device.name: device for device in self.devices}
