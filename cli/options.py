@@ -1,0 +1,71 @@
+"""Flags shared by several subcommands, each with an environment-variable fallback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gpudra.driver.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
+from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 1, no traceback."""
+
+
+def add_driver_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.nvidia.com"),
+                        help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                        help="this node's name (env NODE_NAME; default the host name)")
+    parser.add_argument("--feature-gates", default=os.environ.get("FEATURE_GATES", ""),
+                        help="comma-separated Name=true|false (env FEATURE_GATES)")
+
+
+def add_simulation_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--simulate", metavar="PROFILE", default=os.environ.get("SIMULATE"),
+                        help="use a simulated GPU node instead of real NVML (env SIMULATE)")
+    parser.add_argument("--sim-state", metavar="DIR", type=Path,
+                        default=os.environ.get("SIM_STATE"),
+                        help="directory holding the simulated node's state (env SIM_STATE)")
+
+
+def feature_gates(args: argparse.Namespace) -> FeatureGates:
+    try:
+        return parse_feature_gates(args.feature_gates)
+    except FeatureGateError as exc:
+        raise CliError(f"--feature-gates: {exc}") from exc
+
+
+def node_name(args: argparse.Namespace) -> str:
+    return str(args.node_name or os.uname().nodename).lower()
+
+
+@contextmanager
+def nvml_session(args: argparse.Namespace) -> Iterator[Nvml]:
+    """NVML for this command: real, or simulated with state in --sim-state (else a temp dir)."""
+    with tempfile.TemporaryDirectory(prefix="gpudra-sim-") as scratch:
+        state = args.sim_state or Path(scratch)
+        if args.simulate:
+            from gpudra.driver import sim
+
+            if args.simulate not in sim.node_profiles():
+                known = ", ".join(sim.node_profiles())
+                raise CliError(f"--simulate: unknown node profile {args.simulate!r} "
+                               f"(known: {known})")
+        try:
+            nvml = open_nvml(simulate=args.simulate, sim_state=state)
+        except NvmlUnavailable as exc:
+            raise CliError(str(exc)) from exc
+        try:
+            yield nvml
+        finally:
+            nvml.shutdown()
+            if args.simulate:
+                from gpudra.driver import sim
+
+                sim.uninstall()

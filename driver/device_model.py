@@ -1,0 +1,189 @@
+"""Inventory → DRA devices (pure): full GPUs, static MIG devices, dynamic MIG placements.
+
+Attribute names and types follow NVIDIA's driver so claims written for it mean the same
+here; ``numaNode`` and ``nvlinkDomain`` are additions for placement-aware selection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from gpudra.driver.devices import (
+    AttributeValue,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    NodeDevices,
+    Version,
+)
+from gpudra.driver.inventory import GpuRecord, NodeInventory
+from gpudra.driver.mig import (
+    MigProfile,
+    Placement,
+    consumption,
+    device_name,
+    gpu_counters,
+    placement_order,
+)
+
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+# nvmlBrandType_t → the strings NVIDIA's driver publishes.
+BRANDS = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
+    11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia",
+    15: "GeForceRTX", 16: "TitanRTX",
+}
+# nvmlDeviceArchitecture_t → architecture names.
+ARCHITECTURES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell",
+}
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    dynamic_mig: bool = True
+    """Publish every (profile, placement) of idle MIG-capable GPUs (feature gate DynamicMIG)."""
+    owned_mig_uuids: Collection[str] = ()
+    """MIG devices this driver created for prepared claims; not admin-made (static) MIG."""
+
+
+def semver(text: str) -> Version:
+    """A driver-style version as semver: ``580.95.05`` → ``580.95.5``, ``8.0`` → ``8.0.0``."""
+    parts = [str(int(p)) for p in text.strip().split(".")[:3] if p.isdigit()]
+    while len(parts) < 3:
+        parts.append("0")
+    return Version(".".join(parts))
+
+
+def cuda_version(value: int) -> Version:
+    """NVML's CUDA driver version integer (``13000``) as semver (``13.0.0``)."""
+    return Version(f"{value // 1000}.{(value % 1000) // 10}.0")
+
+
+def _common_attributes(inv: NodeInventory, gpu: GpuRecord) -> dict[str, AttributeValue]:
+    probe = gpu.probe
+    attrs: dict[str, AttributeValue] = {
+        "productName": probe.name,
+        "brand": BRANDS.get(probe.brand, "Unknown"),
+        "architecture": ARCHITECTURES.get(probe.architecture, "Unknown"),
+        "cudaComputeCapability": semver("{}.{}".format(*probe.cuda_compute_capability)),
+        "driverVersion": semver(inv.driver_version),
+        "cudaDriverVersion": cuda_version(inv.cuda_driver_version),
+        PCI_BUS_ID: probe.pci_bus_id,
+    }
+    if gpu.pcie_root is not None:
+        attrs[PCIE_ROOT] = gpu.pcie_root
+    if probe.numa_node is not None:
+        attrs["numaNode"] = probe.numa_node
+    if gpu.nvlink_domain is not None:
+        attrs["nvlinkDomain"] = gpu.nvlink_domain
+    return attrs
+
+
+def _full_gpu(inv: NodeInventory, gpu: GpuRecord, counters: CounterSet | None) -> Device:
+    probe = gpu.probe
+    attrs: dict[str, AttributeValue] = {"type": "gpu", "uuid": probe.uuid}
+    attrs.update(_common_attributes(inv, gpu))
+    consumes = ()
+    if counters is not None:
+        consumes = (CounterConsumption(counters.name, dict(counters.counters)),)
+    return Device(
+        name=f"gpu-{probe.minor}",
+        group=f"gpu-{probe.minor}",
+        attributes=attrs,
+        capacity={"memory": probe.memory_bytes, "multiprocessors": probe.multiprocessors},
+        consumes_counters=consumes,
+    )
+
+
+def _mig_attributes(inv: NodeInventory, gpu: GpuRecord, profile: MigProfile) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {"type": "mig", "parentUUID": gpu.probe.uuid,
+                                        "profile": profile.name}
+    attrs.update(_common_attributes(inv, gpu))
+    return attrs
+
+
+def _is_static(gpu: GpuRecord, options: ModelOptions) -> bool:
+    """MIG enabled with partitions we did not make: an admin's static layout, keep it."""
+    if gpu.mig_mode is None or not gpu.mig_mode.current:
+        return False
+    if not options.dynamic_mig:
+        return True
+    return any(m.uuid not in options.owned_mig_uuids for m in gpu.mig_instances)
+
+
+def _static_mig_devices(inv: NodeInventory, gpu: GpuRecord) -> list[Device]:
+    by_id = {p.profile_id: p for p in gpu.mig_profiles}
+    devices = []
+    for instance in gpu.mig_instances:
+        profile = by_id.get(instance.profile_id)
+        if profile is None:
+            continue
+        attrs = _mig_attributes(inv, gpu, profile)
+        attrs["uuid"] = instance.uuid
+        capacity = profile.capacities()
+        for i in instance.placement.slices:
+            capacity[f"memorySlice{i}"] = 1
+        devices.append(Device(
+            name=device_name(gpu.probe.minor, profile, instance.placement),
+            group=f"gpu-{gpu.probe.minor}",
+            attributes=attrs,
+            capacity=capacity,
+        ))
+    return devices
+
+
+def _dynamic_mig_devices(
+    inv: NodeInventory, gpu: GpuRecord
+) -> tuple[CounterSet, list[Device]]:
+    minor = gpu.probe.minor
+    counters = gpu_counters(minor, gpu.mig_profiles)
+    counter_set = CounterSet(counters.name, dict(counters.counters))
+    devices = [_full_gpu(inv, gpu, counter_set)]
+    ordered = sorted(gpu.mig_profiles, key=lambda p: (p.slice_count, p.memory_mib, p.index))
+    for profile in ordered:
+        for placement in placement_order(profile):
+            devices.append(_dynamic_device(inv, gpu, profile, placement, counters.name,
+                                           consumption(profile, placement, counters)))
+    return counter_set, devices
+
+
+def _dynamic_device(
+    inv: NodeInventory,
+    gpu: GpuRecord,
+    profile: MigProfile,
+    placement: Placement,
+    counter_set: str,
+    consumed: dict[str, int],
+) -> Device:
+    return Device(
+        name=device_name(gpu.probe.minor, profile, placement),
+        group=f"gpu-{gpu.probe.minor}",
+        attributes=_mig_attributes(inv, gpu, profile),
+        capacity=profile.capacities(),
+        consumes_counters=(CounterConsumption(counter_set, consumed),),
+    )
+
+
+def build_devices(inv: NodeInventory, options: ModelOptions | None = None) -> NodeDevices:
+    """All devices of a node, grouped per physical GPU in minor-number order."""
+    options = options or ModelOptions()
+    devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
+    groups: list[str] = []
+    for gpu in sorted(inv.gpus, key=lambda g: g.probe.minor):
+        groups.append(f"gpu-{gpu.probe.minor}")
+        if _is_static(gpu, options):
+            devices.extend(_static_mig_devices(inv, gpu))
+        elif options.dynamic_mig and gpu.mig_capable:
+            counter_set, gpu_devices = _dynamic_mig_devices(inv, gpu)
+            counter_sets.append(counter_set)
+            devices.extend(gpu_devices)
+        else:
+            devices.append(_full_gpu(inv, gpu, None))
+    return NodeDevices(tuple(devices), tuple(counter_sets), tuple(groups))

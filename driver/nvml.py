@@ -1,0 +1,384 @@
+"""The one seam through which the driver talks to NVML.
+
+Production loads the real ``libnvidia-ml.so.1`` through ``pynvml`` (nvidia-ml-py); with
+``simulate`` the simulated library is installed *under* ``pynvml``, so every call below
+runs the same ``pynvml`` wrappers either way. Nothing else in gpudra imports ``pynvml``.
+Results are plain dataclasses so callers never hold ctypes objects.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpudra.driver.mig import MigProfile, Placement, profile_name
+
+T = TypeVar("T")
+
+# Profile indexes that exist in NVML (0 .. NVML_GPU_INSTANCE_PROFILE_COUNT-1).
+_GI_PROFILE_INDEX_COUNT = 18
+_NVLINK_MAX_LINKS = 36
+NVLINK_REMOTE_GPU = 0
+NVLINK_REMOTE_SWITCH = 2
+
+COMPUTE_MODE_DEFAULT = 0
+COMPUTE_MODE_PROHIBITED = 2
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
+
+
+class NvmlError(Exception):
+    """An NVML call failed; ``code`` is the ``nvmlReturn_t`` value."""
+
+    def __init__(self, operation: str, code: int, message: str) -> None:
+        super().__init__(f"{operation}: {message} (NVML error {code})")
+        self.operation = operation
+        self.code = code
+
+    @property
+    def is_not_supported(self) -> bool:
+        return self.code == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    @property
+    def is_insufficient_resources(self) -> bool:
+        return self.code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+
+    @property
+    def is_in_use(self) -> bool:
+        return self.code == pynvml.NVML_ERROR_IN_USE
+
+    @property
+    def is_not_found(self) -> bool:
+        return self.code == pynvml.NVML_ERROR_NOT_FOUND
+
+
+class NvmlUnavailable(Exception):
+    """No usable NVIDIA driver on this machine; the message is one line for humans."""
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """Static facts about one full GPU."""
+
+    index: int
+    minor: int
+    uuid: str
+    name: str
+    brand: int
+    architecture: int
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int
+    multiprocessors: int
+    pci_bus_id: str
+    """Normalised ``DDDD:BB:DD.F``, lower case (the form sysfs and DRA use)."""
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One active NVLink: the PCI bus id at its far end and what sits there."""
+
+    link: int
+    remote_bus_id: str
+    remote_is_switch: bool
+
+
+@dataclass(frozen=True)
+class MigMode:
+    current: bool
+    pending: bool
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One live MIG device: a GPU instance with one compute instance."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile_id: int
+    placement: Placement
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """``00000000:1B:00.0`` → ``0000:1b:00.0`` (NVML's 8-digit domain to the sysfs form)."""
+    domain, bus, rest = bus_id.strip().split(":", 2)
+    return f"{int(domain, 16):04x}:{bus.lower()}:{rest.lower()}"
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Nvml:
+    """An initialised NVML session. Thread-safe: calls are serialised by one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._handles: dict[str, Any] = {}
+
+    @contextmanager
+    def _call(self, operation: str) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield
+            except pynvml.NVMLError as exc:
+                raise NvmlError(operation, int(exc.value), str(exc)) from exc
+
+    def _run(self, operation: str, fn: Callable[[], T]) -> T:
+        with self._call(operation):
+            return fn()
+
+    def shutdown(self) -> None:
+        self._run("nvmlShutdown", pynvml.nvmlShutdown)
+
+    # --- system -----------------------------------------------------------------------
+
+    def driver_version(self) -> str:
+        return _decode(self._run("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion))
+
+    def cuda_driver_version(self) -> int:
+        return int(self._run("nvmlSystemGetCudaDriverVersion",
+                             pynvml.nvmlSystemGetCudaDriverVersion))
+
+    # --- full GPUs --------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        return int(self._run("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
+
+    def handle(self, uuid: str) -> Any:
+        """The device handle for a GPU UUID, cached (UUID lookups can be slow on real GPUs)."""
+        with self._lock:
+            cached = self._handles.get(uuid)
+            if cached is None:
+                cached = self._run("nvmlDeviceGetHandleByUUID",
+                                   lambda: pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                self._handles[uuid] = cached
+            return cached
+
+    def probe_all(self) -> list[GpuProbe]:
+        probes = []
+        for index in range(self.device_count()):
+            handle = self._run("nvmlDeviceGetHandleByIndex",
+                               lambda i=index: pynvml.nvmlDeviceGetHandleByIndex(i))
+            probe = self._probe(index, handle)
+            self._handles[probe.uuid] = handle
+            probes.append(probe)
+        return probes
+
+    def _probe(self, index: int, handle: Any) -> GpuProbe:
+        with self._call(f"probe GPU {index}"):
+            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
+            pci = pynvml.nvmlDeviceGetPciInfo(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            major, minor_cc = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            attributes = pynvml.nvmlDeviceGetAttributes(handle)
+            return GpuProbe(
+                index=index,
+                minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
+                uuid=uuid,
+                name=_decode(pynvml.nvmlDeviceGetName(handle)),
+                brand=int(pynvml.nvmlDeviceGetBrand(handle)),
+                architecture=int(pynvml.nvmlDeviceGetArchitecture(handle)),
+                cuda_compute_capability=(int(major), int(minor_cc)),
+                memory_bytes=int(memory.total),
+                multiprocessors=int(attributes.multiprocessorCount),
+                pci_bus_id=normalize_bus_id(_decode(pci.busId)),
+                numa_node=self._numa_node(handle),
+            )
+
+    def _numa_node(self, handle: Any) -> int | None:
+        try:
+            node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+        except pynvml.NVMLError:
+            return None
+        return node if node >= 0 else None
+
+    def nvlinks(self, uuid: str) -> list[NvLink]:
+        """Active NVLinks of a GPU; empty when it has none or NVML cannot say."""
+        handle = self.handle(uuid)
+        links: list[NvLink] = []
+        with self._lock:
+            for link in range(_NVLINK_MAX_LINKS):
+                try:
+                    if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                        continue
+                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+                    kind = int(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+                except pynvml.NVMLError as exc:
+                    if exc.value in (pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                                     pynvml.NVML_ERROR_NOT_SUPPORTED):
+                        break
+                    raise NvmlError("nvmlDeviceGetNvLinkState", int(exc.value), str(exc)) from exc
+                links.append(NvLink(link, normalize_bus_id(_decode(remote.busId)),
+                                    kind == NVLINK_REMOTE_SWITCH))
+        return links
+
+    # --- compute mode and processes ----------------------------------------------------
+
+    def compute_mode(self, uuid: str) -> int:
+        return int(self._run("nvmlDeviceGetComputeMode",
+                             lambda: pynvml.nvmlDeviceGetComputeMode(self._any_handle(uuid))))
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        self._run("nvmlDeviceSetComputeMode",
+                  lambda: pynvml.nvmlDeviceSetComputeMode(self._any_handle(uuid), mode))
+
+    def running_processes(self, uuid: str) -> list[int]:
+        procs = self._run("nvmlDeviceGetComputeRunningProcesses",
+                          lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle(uuid)))
+        return [int(p.pid) for p in procs]
+
+    def _any_handle(self, uuid: str) -> Any:
+        """Handle for a full GPU (``GPU-…``) or a MIG device (``MIG-…``)."""
+        if uuid.startswith("MIG-"):
+            with self._lock:
+                cached = self._handles.get(uuid)
+                if cached is None:
+                    cached = self._run("nvmlDeviceGetHandleByUUID",
+                                       lambda: pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                    self._handles[uuid] = cached
+                return cached
+        return self.handle(uuid)
+
+    # --- MIG ----------------------------------------------------------------------------
+
+    def mig_mode(self, uuid: str) -> MigMode | None:
+        """MIG mode, or ``None`` when the GPU cannot do MIG."""
+        try:
+            current, pending = self._run("nvmlDeviceGetMigMode",
+                                         lambda: pynvml.nvmlDeviceGetMigMode(self.handle(uuid)))
+        except NvmlError as exc:
+            if exc.is_not_supported:
+                return None
+            raise
+        return MigMode(bool(current), bool(pending))
+
+    def set_mig_mode(self, uuid: str, enabled: bool) -> None:
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        status = self._run("nvmlDeviceSetMigMode",
+                           lambda: pynvml.nvmlDeviceSetMigMode(self.handle(uuid), mode))
+        if status not in (None, pynvml.NVML_SUCCESS):
+            message = _decode(pynvml.nvmlErrorString(status))
+            raise NvmlError("nvmlDeviceSetMigMode (activation)", int(status), message)
+
+    def mig_profiles(self, uuid: str, memory_bytes: int) -> list[MigProfile]:
+        """Every GPU-instance profile the GPU offers, with its possible placements."""
+        handle = self.handle(uuid)
+        profiles = []
+        for index in range(_GI_PROFILE_INDEX_COUNT):
+            try:
+                info = self._run("nvmlDeviceGetGpuInstanceProfileInfo",
+                                 lambda i=index: pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
+                                     handle, i))
+            except NvmlError as exc:
+                # Enumerate until INVALID_ARGUMENT; profiles this GPU lacks are NOT_SUPPORTED.
+                if exc.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                    break
+                if exc.is_not_supported:
+                    continue
+                raise
+            placements = self._placements(handle, int(info.id), int(info.instanceCount))
+            profiles.append(MigProfile(
+                index=index,
+                profile_id=int(info.id),
+                slice_count=int(info.sliceCount),
+                instance_count=int(info.instanceCount),
+                memory_mib=int(info.memorySizeMB),
+                multiprocessors=int(info.multiprocessorCount),
+                copy_engines=int(info.copyEngineCount),
+                decoders=int(info.decoderCount),
+                encoders=int(info.encoderCount),
+                jpeg_engines=int(info.jpegCount),
+                ofa_engines=int(info.ofaCount),
+                placements=placements,
+                name=profile_name(index=index, slice_count=int(info.sliceCount),
+                                  memory_mib=int(info.memorySizeMB),
+                                  device_total_bytes=memory_bytes),
+            ))
+        return profiles
+
+    def _placements(self, handle: Any, profile_id: int, capacity: int) -> tuple[Placement, ...]:
+        size = max(capacity, 8) * 2
+        array = (pynvml.c_nvmlGpuInstancePlacement_t * size)()
+        count = ctypes.c_uint(size)
+        self._run("nvmlDeviceGetGpuInstancePossiblePlacements",
+                  lambda: pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+                      handle, profile_id, array, ctypes.byref(count)))
+        return tuple(sorted(Placement(int(array[i].start), int(array[i].size))
+                            for i in range(count.value)))
+
+    def mig_instances(self, uuid: str) -> list[MigInstance]:
+        """Live MIG devices on a GPU (empty when MIG is off)."""
+        handle = self.handle(uuid)
+        mode = self.mig_mode(uuid)
+        if mode is None or not mode.current:
+            return []
+        with self._call("list MIG devices"):
+            placements: dict[int, tuple[int, Placement]] = {}
+            for gi in self._gpu_instances(handle):
+                info = pynvml.nvmlGpuInstanceGetInfo(gi)
+                placements[int(info.id)] = (
+                    int(info.profileId),
+                    Placement(int(info.placement.start), int(info.placement.size)),
+                )
+            found = []
+            for i in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+                try:
+                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                except pynvml.NVMLError as exc:
+                    if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                        continue
+                    raise
+                gi_id = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
+                ci_id = int(pynvml.nvmlDeviceGetComputeInstanceId(mig))
+                mig_uuid = _decode(pynvml.nvmlDeviceGetUUID(mig))
+                self._handles[mig_uuid] = mig
+                profile_id, placement = placements[gi_id]
+                found.append(MigInstance(mig_uuid, gi_id, ci_id, profile_id, placement))
+        return sorted(found, key=lambda m: (m.placement.start, m.gpu_instance_id))
+
+    def _gpu_instances(self, handle: Any) -> list[Any]:
+        instances = []
+        for index in range(_GI_PROFILE_INDEX_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                    break
+                continue
+            array = (pynvml.c_nvmlGpuInstance_t * max(int(info.instanceCount), 1))()
+            count = ctypes.c_uint(0)
+            pynvml.nvmlDeviceGetGpuInstances(handle, int(info.id), array, ctypes.byref(count))
+            instances.extend(array[i] for i in range(count.value))
+        return instances
+
+
+def open_nvml(*, simulate: str | None = None, sim_state: Path | None = None) -> Nvml:
+    """Initialise NVML (real, or the simulated node ``simulate`` with state in ``sim_state``).
+
+    Raises :class:`NvmlUnavailable` with a one-line reason when there is no driver.
+    """
+    if simulate is not None:
+        if sim_state is None:
+            raise ValueError("a simulated node needs a state directory (sim_state)")
+        from gpudra.driver import sim
+
+        sim.install(simulate, sim_state)
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound as exc:
+        raise NvmlUnavailable(
+            "NVML library libnvidia-ml.so.1 not found: no NVIDIA driver on this machine "
+            "(use --simulate PROFILE to run on a simulated GPU node)") from exc
+    except pynvml.NVMLError_DriverNotLoaded as exc:
+        raise NvmlUnavailable("the NVIDIA kernel driver is not loaded") from exc
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML failed to initialise: {exc}") from exc
+    return Nvml()
