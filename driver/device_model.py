@@ -89,7 +89,7 @@ def _full_gpu(inv: NodeInventory, gpu: GpuRecord, counters: CounterSet | None) -
     probe = gpu.probe
     attrs: dict[str, AttributeValue] = {"type": "gpu", "uuid": probe.uuid}
     attrs.update(_common_attributes(inv, gpu))
-    consumes = ()
+    consumes: tuple[CounterConsumption, ...] = ()
     if counters is not None:
         consumes = (CounterConsumption(counters.name, dict(counters.counters)),)
     return Device(
@@ -101,7 +101,9 @@ def _full_gpu(inv: NodeInventory, gpu: GpuRecord, counters: CounterSet | None) -
     )
 
 
-def _mig_attributes(inv: NodeInventory, gpu: GpuRecord, profile: MigProfile) -> dict[str, AttributeValue]:
+def _mig_attributes(
+    inv: NodeInventory, gpu: GpuRecord, profile: MigProfile
+) -> dict[str, AttributeValue]:
     attrs: dict[str, AttributeValue] = {"type": "mig", "parentUUID": gpu.probe.uuid,
                                         "profile": profile.name}
     attrs.update(_common_attributes(inv, gpu))
@@ -148,13 +150,15 @@ def _dynamic_mig_devices(
     ordered = sorted(gpu.mig_profiles, key=lambda p: (p.slice_count, p.memory_mib, p.index))
     for profile in ordered:
         for placement in placement_order(profile):
-            devices.append(_dynamic_device(inv, gpu, profile, placement, counters.name,
-                                           consumption(profile, placement, counters)))
+            devices.append(_dynamic_device(
+                inv, gpu=gpu, profile=profile, placement=placement, counter_set=counters.name,
+                consumed=consumption(profile, placement, counters)))
     return counter_set, devices
 
 
 def _dynamic_device(
     inv: NodeInventory,
+    *,
     gpu: GpuRecord,
     profile: MigProfile,
     placement: Placement,

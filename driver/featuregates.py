@@ -33,8 +33,8 @@ class FeatureGates:
 
 def parse_feature_gates(text: str | None) -> FeatureGates:
     values: dict[str, bool] = {}
-    for item in (text or "").split(","):
-        item = item.strip()
+    for raw_item in (text or "").split(","):
+        item = raw_item.strip()
         if not item:
             continue
         name, sep, raw = item.partition("=")

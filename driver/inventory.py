@@ -60,7 +60,9 @@ def simulated_pcie_root(bus_id: str) -> str:
     return f"pci{domain}:{int(bus, 16) & 0xF0:02x}"
 
 
-def nvlink_domains(links: dict[str, list[tuple[str, bool]]], uuids: dict[str, str]) -> dict[str, str]:
+def nvlink_domains(
+    links: dict[str, list[tuple[str, bool]]], uuids: dict[str, str]
+) -> dict[str, str]:
     """NVLink domain per GPU bus id: GPUs joined by NVLink directly or through NVSwitches.
 
     ``links`` maps a GPU bus id to ``(remote bus id, remote is a switch)`` pairs and

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
-
 from gpudra.driver.mig import MigProfile, Placement, profile_name
 
 T = TypeVar("T")
@@ -43,19 +42,19 @@ class NvmlError(Exception):
 
     @property
     def is_not_supported(self) -> bool:
-        return self.code == pynvml.NVML_ERROR_NOT_SUPPORTED
+        return self.code == int(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     @property
     def is_insufficient_resources(self) -> bool:
-        return self.code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+        return self.code == int(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
 
     @property
     def is_in_use(self) -> bool:
-        return self.code == pynvml.NVML_ERROR_IN_USE
+        return self.code == int(pynvml.NVML_ERROR_IN_USE)
 
     @property
     def is_not_found(self) -> bool:
-        return self.code == pynvml.NVML_ERROR_NOT_FOUND
+        return self.code == int(pynvml.NVML_ERROR_NOT_FOUND)
 
 
 class NvmlUnavailable(Exception):
@@ -165,8 +164,8 @@ class Nvml:
     def probe_all(self) -> list[GpuProbe]:
         probes = []
         for index in range(self.device_count()):
-            handle = self._run("nvmlDeviceGetHandleByIndex",
-                               lambda i=index: pynvml.nvmlDeviceGetHandleByIndex(i))
+            with self._call("nvmlDeviceGetHandleByIndex"):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             probe = self._probe(index, handle)
             self._handles[probe.uuid] = handle
             probes.append(probe)
@@ -274,9 +273,8 @@ class Nvml:
         profiles = []
         for index in range(_GI_PROFILE_INDEX_COUNT):
             try:
-                info = self._run("nvmlDeviceGetGpuInstanceProfileInfo",
-                                 lambda i=index: pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
-                                     handle, i))
+                with self._call("nvmlDeviceGetGpuInstanceProfileInfo"):
+                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
             except NvmlError as exc:
                 # Enumerate until INVALID_ARGUMENT; profiles this GPU lacks are NOT_SUPPORTED.
                 if exc.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
@@ -345,7 +343,7 @@ class Nvml:
         return sorted(found, key=lambda m: (m.placement.start, m.gpu_instance_id))
 
     def _gpu_instances(self, handle: Any) -> list[Any]:
-        instances = []
+        instances: list[Any] = []
         for index in range(_GI_PROFILE_INDEX_COUNT):
             try:
                 info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)

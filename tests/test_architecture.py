@@ -40,7 +40,8 @@ def test_layer_imports_only_what_it_may(layer):
     for path in sorted((ROOT / layer).rglob("*.py")):
         bad = _imported_layers(path) - LAYERS[layer] - {layer}
         if bad:
-            offenders.append(f"{path.relative_to(ROOT)} imports gpudra.{', gpudra.'.join(sorted(bad))}")
+            names = ", ".join(f"gpudra.{name}" for name in sorted(bad))
+            offenders.append(f"{path.relative_to(ROOT)} imports {names}")
     assert not offenders, "\n".join(offenders)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from gpudra.driver.mig import (
     Placement,
     consumption,
@@ -17,6 +16,7 @@ from gpudra.driver.mig import (
     parse_device_name,
     placement_order,
 )
+
 from tests.driver import mig_tables
 
 
