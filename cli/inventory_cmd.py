@@ -8,6 +8,7 @@ import sys
 from typing import Any, TextIO
 
 import yaml
+
 from gpudra.api.quantity import format_quantity
 from gpudra.cli.options import (
     CliError,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
+
 from gpudra.driver.mig import MigProfile, Placement, profile_name
 
 T = TypeVar("T")
