@@ -1,0 +1,270 @@
+"""The kubelet's DRA services (v1 and v1beta1) in front of a :class:`ClaimPreparer`.
+
+Both API versions share :class:`ClaimCalls`, which turns the request's claims into
+:class:`ClaimRef` s, calls the preparer once, guarantees an entry per requested claim and
+logs; the two servicers only build their version's messages. The kubelet treats an RPC
+error as "nothing happened" and retries the whole batch, so everything that concerns one
+claim is reported in that claim's entry and only a broken preparer fails the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import structlog
+
+from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+
+from .interfaces import ClaimPreparer, ClaimRef, PreparedDeviceResult, PrepareOutcome
+
+log = structlog.get_logger(__name__)
+
+_Result = TypeVar("_Result")
+
+
+class WireClaim(Protocol):
+    """The ``Claim`` message of either API version."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def base_request_name(name: str) -> str:
+    """``"req/sub"`` -> ``"req"``: the kubelet matches container claims by base request."""
+    return name.split("/", 1)[0]
+
+
+def base_request_names(names: Iterable[str]) -> list[str]:
+    """Base names in first-seen order, each once (two subrequests of one request collapse)."""
+    return list(dict.fromkeys(base_request_name(name) for name in names))
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One request's claims: every uid once in request order, what the driver sees, and
+    the errors decided before the driver runs."""
+
+    claims: tuple[ClaimRef, ...]
+    for_driver: tuple[ClaimRef, ...]
+    rejected: Mapping[str, str]  # uid -> error reported for that claim
+
+    @classmethod
+    def of(cls, wire_claims: Iterable[WireClaim]) -> _Batch:
+        claims: dict[str, ClaimRef] = {}
+        valid: dict[str, ClaimRef] = {}
+        rejected: dict[str, str] = {}
+        for wire in wire_claims:
+            ref = ClaimRef(namespace=wire.namespace, name=wire.name, uid=wire.uid)
+            claims.setdefault(ref.uid, ref)
+            missing = [field for field in ("namespace", "name", "uid") if not getattr(ref, field)]
+            if missing:
+                rejected.setdefault(ref.uid, f"claim {ref}: {', '.join(missing)} must not be empty")
+            elif ref.uid in valid or ref.uid in rejected:
+                # The kubelet never sends a uid twice; when it happens the call is malformed,
+                # so the claim is refused and nothing is prepared for it.
+                first = valid.pop(ref.uid, ref)
+                rejected[ref.uid] = f"claim {first} listed twice in one request"
+            else:
+                valid[ref.uid] = ref
+        return cls(tuple(claims.values()), tuple(valid.values()), rejected)
+
+
+class ClaimCalls:
+    """Version-neutral prepare/unprepare: request claims in, one result per claim uid out."""
+
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        self._preparer = preparer
+        self._request_ids = itertools.count(1)
+
+    async def prepare(
+        self, method: str, wire_claims: Sequence[WireClaim], context: Any
+    ) -> dict[str, PrepareOutcome]:
+        """Prepare the request's claims; a per-claim problem becomes that claim's error."""
+        batch = _Batch.of(wire_claims)
+        call = _Call(method, next(self._request_ids), len(wire_claims))
+        answered = await call.run(batch, context, self._preparer.prepare)
+        outcomes: dict[str, PrepareOutcome] = {}
+        for ref in batch.claims:
+            if ref.uid in batch.rejected:
+                outcome = PrepareOutcome(error=batch.rejected[ref.uid])
+            else:
+                outcome = answered.get(ref.uid) or PrepareOutcome(error=_no_result(ref))
+            call.claim_done(ref, outcome.error, devices=len(outcome.devices))
+            outcomes[ref.uid] = outcome
+        call.done()
+        return outcomes
+
+    async def unprepare(
+        self, method: str, wire_claims: Sequence[WireClaim], context: Any
+    ) -> dict[str, str | None]:
+        """Unprepare the request's claims; the result maps uid to an error or None."""
+        batch = _Batch.of(wire_claims)
+        call = _Call(method, next(self._request_ids), len(wire_claims))
+        answered = await call.run(batch, context, self._preparer.unprepare)
+        errors: dict[str, str | None] = {}
+        for ref in batch.claims:
+            if ref.uid in batch.rejected:
+                error: str | None = batch.rejected[ref.uid]
+            elif ref.uid in answered:
+                error = answered[ref.uid] or None
+            else:
+                error = _no_result(ref)
+            call.claim_done(ref, error)
+            errors[ref.uid] = error
+        call.done()
+        return errors
+
+
+class _Call:
+    """One gRPC call: runs the preparer, turns its exceptions into INTERNAL, logs."""
+
+    def __init__(self, method: str, request_id: int, claim_count: int) -> None:
+        self._log = log.bind(method=method, request_id=request_id)
+        self._method = method
+        self._claim_count = claim_count
+        self._started = time.monotonic()
+        self._failed = 0
+
+    async def run(
+        self,
+        batch: _Batch,
+        context: Any,
+        handler: Callable[[Sequence[ClaimRef]], Awaitable[Mapping[str, _Result]]],
+    ) -> Mapping[str, _Result]:
+        refs = list(batch.for_driver)
+        names = [str(ref) for ref in refs]
+        try:
+            answered = await handler(refs) if refs else {}
+        except asyncio.CancelledError:
+            # The kubelet gave up (45 s timeout) or the server is stopping; it will retry.
+            self._log.warning("call cancelled", claims=names, duration_s=self._elapsed())
+            raise
+        except Exception as exc:
+            self._log.exception("driver failed", claims=names, duration_s=self._elapsed())
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"{self._method}: internal error in the driver while handling "
+                f"{len(refs)} claim(s): {type(exc).__name__}: {exc}",
+            )
+            raise AssertionError("unreachable: context.abort raises") from exc
+        unknown = sorted(set(answered) - {ref.uid for ref in refs})
+        if unknown:
+            # The kubelet fails the whole call on a uid it did not ask for: drop them.
+            self._log.warning("driver answered for claims not in the request", uids=unknown)
+        return answered
+
+    def claim_done(self, ref: ClaimRef, error: str | None, **details: Any) -> None:
+        claim_log = self._log.bind(claim=str(ref))
+        if error:
+            self._failed += 1
+            claim_log.warning("claim failed", error=error)
+        else:
+            claim_log.info("claim done", **details)
+
+    def done(self) -> None:
+        self._log.info("call done", claims=self._claim_count, failed=self._failed,
+                       duration_s=self._elapsed())
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self._started, 6)
+
+
+def _no_result(ref: ClaimRef) -> str:
+    return f"claim {ref}: the driver returned no result for it"
+
+
+class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
+
+    def __init__(self, calls: ClaimCalls) -> None:
+        self._calls = calls
+
+    def add_to_server(self, server: Any) -> None:
+        """Register on a ``grpc.aio.Server``."""
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+    async def NodePrepareResources(
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
+    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+        outcomes = await self._calls.prepare("v1.NodePrepareResources", request.claims, context)
+        return dra_v1_pb2.NodePrepareResourcesResponse(claims={
+            uid: dra_v1_pb2.NodePrepareResourceResponse(
+                devices=[_v1_device(device) for device in outcome.devices] if not outcome.error
+                else [],
+                error=outcome.error or "",
+            )
+            for uid, outcome in outcomes.items()
+        })
+
+    async def NodeUnprepareResources(
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+        errors = await self._calls.unprepare("v1.NodeUnprepareResources", request.claims, context)
+        return dra_v1_pb2.NodeUnprepareResourcesResponse(claims={
+            uid: dra_v1_pb2.NodeUnprepareResourceResponse(error=error or "")
+            for uid, error in errors.items()
+        })
+
+
+class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (kubelets 1.32-1.33; no share_id)."""
+
+    def __init__(self, calls: ClaimCalls) -> None:
+        self._calls = calls
+
+    def add_to_server(self, server: Any) -> None:
+        """Register on a ``grpc.aio.Server``."""
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+            self, server)
+
+    async def NodePrepareResources(
+        self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: Any
+    ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
+        outcomes = await self._calls.prepare(
+            "v1beta1.NodePrepareResources", request.claims, context)
+        return dra_v1beta1_pb2.NodePrepareResourcesResponse(claims={
+            uid: dra_v1beta1_pb2.NodePrepareResourceResponse(
+                devices=[_v1beta1_device(device) for device in outcome.devices]
+                if not outcome.error else [],
+                error=outcome.error or "",
+            )
+            for uid, outcome in outcomes.items()
+        })
+
+    async def NodeUnprepareResources(
+        self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
+        errors = await self._calls.unprepare(
+            "v1beta1.NodeUnprepareResources", request.claims, context)
+        return dra_v1beta1_pb2.NodeUnprepareResourcesResponse(claims={
+            uid: dra_v1beta1_pb2.NodeUnprepareResourceResponse(error=error or "")
+            for uid, error in errors.items()
+        })
+
+
+def _v1_device(device: PreparedDeviceResult) -> dra_v1_pb2.Device:
+    message = dra_v1_pb2.Device(
+        request_names=base_request_names(device.request_names),
+        pool_name=device.pool,
+        device_name=device.device,
+        cdi_device_ids=device.cdi_device_ids,
+    )
+    if device.share_id:  # optional field: leave it unset (not "") when there is no share
+        message.share_id = device.share_id
+    return message
+
+
+def _v1beta1_device(device: PreparedDeviceResult) -> dra_v1beta1_pb2.Device:
+    return dra_v1beta1_pb2.Device(
+        request_names=base_request_names(device.request_names),
+        pool_name=device.pool,
+        device_name=device.device,
+        cdi_device_ids=device.cdi_device_ids,
+    )

@@ -1,0 +1,57 @@
+"""The seam between the kubelet gRPC face and the prepare/unprepare logic behind it.
+
+The gRPC servicers only translate: kubelet requests become :class:`ClaimRef` lists, and a
+:class:`ClaimPreparer`'s answers become kubelet responses. Nothing here knows about
+protobuf, so a preparer can be driven and tested without gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A ResourceClaim as the kubelet names it: all a request carries."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}:{self.uid}"
+
+
+@dataclass(frozen=True)
+class PreparedDeviceResult:
+    """One prepared device of a claim, and the CDI devices a container needs for it."""
+
+    # Empty means "all requests of the claim" (kubelet semantics).
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    # Only for consumable-capacity allocations; the v1beta1 API cannot carry it.
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    """The result of preparing one claim: its devices, or an error the kubelet will retry."""
+
+    devices: tuple[PreparedDeviceResult, ...] = ()
+    error: str | None = None
+
+
+class ClaimPreparer(Protocol):
+    """Prepares and unprepares claims; must be idempotent (the kubelet retries)."""
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+        """Prepare every claim; the result is keyed by claim uid."""
+        ...
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        """Unprepare every claim; the result maps claim uid to an error or None."""
+        ...

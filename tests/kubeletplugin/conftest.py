@@ -1,0 +1,107 @@
+"""Fixtures for the kubelet gRPC face: short socket dirs, a test preparer, a server, a kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpudra.kubeletplugin.interfaces import ClaimRef, PreparedDeviceResult, PrepareOutcome
+from gpudra.kubeletplugin.server import PluginServer
+from tests.kubelet_emulator import KubeletEmulator
+
+DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class Dirs:
+    registrar: Path
+    plugins: Path
+
+
+@pytest.fixture
+def dirs() -> Iterator[Dirs]:
+    # Unix socket paths must stay under 108 bytes: pytest's tmp_path is often too deep.
+    root = Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp"))
+    try:
+        yield Dirs(registrar=root / "reg", plugins=root / "plugins")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def claim(n: int) -> ClaimRef:
+    return ClaimRef(namespace="ns", name=f"claim-{n}", uid=f"uid-{n}")
+
+
+def gpu(n: int, *requests: str, share_id: str | None = None) -> PreparedDeviceResult:
+    return PreparedDeviceResult(
+        request_names=requests or ("gpu",),
+        pool="node-a",
+        device=f"gpu-{n}",
+        cdi_device_ids=(f"k8s.gpu.nvidia.com/claim=uid-{n}-gpu-{n}",),
+        share_id=share_id,
+    )
+
+
+class TestPreparer:
+    """A :class:`ClaimPreparer` double: canned outcomes, records calls, can stall or fail."""
+
+    __test__ = False  # not a test class, despite the name
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, PrepareOutcome] = {}
+        self.unprepare_errors: dict[str, str | None] = {}
+        self.prepared: list[list[ClaimRef]] = []
+        self.unprepared: list[list[ClaimRef]] = []
+        self.gate: asyncio.Event | None = None  # when set, calls wait for it
+        self.entered = asyncio.Event()
+        self.error: Exception | None = None
+        self.omit: set[str] = set()  # uids left out of the answer
+        self.extra: dict[str, PrepareOutcome] = {}  # answers for uids nobody asked about
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+        self.prepared.append(list(claims))
+        await self._maybe_wait_or_fail()
+        answer = {
+            c.uid: self.outcomes.get(c.uid, PrepareOutcome(devices=(gpu(0),)))
+            for c in claims if c.uid not in self.omit
+        }
+        return {**answer, **self.extra}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        self.unprepared.append(list(claims))
+        await self._maybe_wait_or_fail()
+        return {c.uid: self.unprepare_errors.get(c.uid) for c in claims if c.uid not in self.omit}
+
+    async def _maybe_wait_or_fail(self) -> None:
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def preparer() -> TestPreparer:
+    return TestPreparer()
+
+
+@pytest.fixture
+async def server(dirs: Dirs, preparer: TestPreparer) -> AsyncIterator[PluginServer]:
+    plugin = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer)
+    await plugin.start()
+    try:
+        yield plugin
+    finally:
+        await plugin.stop(grace=0)
+
+
+@pytest.fixture
+async def kubelet(server: PluginServer, dirs: Dirs) -> AsyncIterator[KubeletEmulator]:
+    async with await KubeletEmulator.discover(dirs.registrar) as emulator:
+        yield emulator

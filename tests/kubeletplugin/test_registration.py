@@ -1,0 +1,140 @@
+"""Registration over real sockets: the kubelet's handshake, version lists, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from types import ModuleType
+from typing import Any
+
+import grpc
+import pytest
+
+from gpudra.api.proto import (
+    DRA_V1_ADVERTISED,
+    DRA_V1BETA1_ADVERTISED,
+    HEALTH_V1_ADVERTISED,
+    HEALTH_V1ALPHA1_ADVERTISED,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    registration_pb2,
+    registration_pb2_grpc,
+)
+from gpudra.kubeletplugin.server import PluginServer
+from tests.kubelet_emulator import KubeletEmulator, RegistrationError
+from tests.kubeletplugin.conftest import DRIVER, Dirs, TestPreparer, claim
+
+
+async def test_the_kubelet_registers_the_plugin(server, kubelet):
+    [instance] = kubelet.instances
+    assert instance.driver == DRIVER
+    assert instance.endpoint == str(server.dra_socket_path)
+    assert instance.service == DRA_V1_ADVERTISED
+    assert server.registration.registered.is_set()
+    assert server.registration.error is None
+
+
+async def test_supported_versions_list_v1_first_and_no_health_by_default(server, kubelet):
+    info = await kubelet.get_info()
+    assert list(info.supported_versions) == [DRA_V1_ADVERTISED, DRA_V1BETA1_ADVERTISED]
+    assert info.type == "DRAPlugin" and info.name == DRIVER
+
+
+async def test_health_is_advertised_and_served_when_enabled(dirs: Dirs, preparer):
+    health = FakeHealth()
+    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
+                          health_servicer=health)
+    async with server, await KubeletEmulator.discover(dirs.registrar) as kubelet:
+        info = await kubelet.get_info()
+        assert list(info.supported_versions) == [
+            DRA_V1_ADVERTISED, DRA_V1BETA1_ADVERTISED,
+            HEALTH_V1_ADVERTISED, HEALTH_V1ALPHA1_ADVERTISED,
+        ]
+        assert server.supported_versions == tuple(info.supported_versions)
+        channel = kubelet.instance().channel
+        for pb2, pb2_grpc in ((health_v1_pb2, health_v1_pb2_grpc),
+                              (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc)):
+            stream = pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                pb2.NodeWatchResourcesRequest(), timeout=5)
+            first = await stream.read()
+            stream.cancel()
+            assert first.devices[0].device.device_name == "gpu-0"
+
+
+async def test_a_v1beta1_only_kubelet_picks_v1beta1(server, dirs):
+    async with await KubeletEmulator.discover(
+            dirs.registrar, services=(DRA_V1BETA1_ADVERTISED,)) as kubelet:
+        assert kubelet.instance().service == DRA_V1BETA1_ADVERTISED
+        response = await kubelet.prepare([claim(1)])
+        assert response["uid-1"]["error"] == ""
+
+
+async def test_a_refused_registration_is_recorded_and_answered_with_an_error(server, dirs):
+    with pytest.raises(RegistrationError, match="none of services"):
+        await KubeletEmulator.discover(dirs.registrar, services=("v1alpha3.NodeService",))
+    assert not server.registration.registered.is_set()
+    assert "none of services" in (server.registration.error or "")
+
+    async with grpc.aio.insecure_channel(f"unix:{server.registration_socket_path}") as channel:
+        stub = registration_pb2_grpc.RegistrationStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as failure:
+            await stub.NotifyRegistrationStatus(
+                registration_pb2.RegistrationStatus(plugin_registered=False, error="boom"),
+                timeout=5)
+    assert failure.value.code() == grpc.StatusCode.UNKNOWN
+    assert failure.value.details() == "failed registration process: boom"
+
+    # The kubelet retries from scratch; a later success sets the flag again.
+    async with await KubeletEmulator.discover(dirs.registrar):
+        await asyncio.wait_for(server.registration.registered.wait(), 1)
+    assert server.registration.error is None
+
+
+async def test_the_emulator_refuses_an_endpoint_registered_twice(server, kubelet):
+    with pytest.raises(RegistrationError, match="already registered"):
+        await kubelet.register(server.registration_socket_path)
+    assert len(kubelet.instances) == 1
+
+
+async def test_the_emulator_ignores_hidden_files(server, dirs):
+    (dirs.registrar / ".backup-reg.sock").write_text("not a socket")
+    async with await KubeletEmulator.discover(dirs.registrar) as kubelet:
+        assert [i.registration_socket for i in kubelet.instances] == [
+            server.registration_socket_path]
+
+
+async def test_get_info_answers_while_a_slow_prepare_is_in_flight(
+        server, kubelet, preparer: TestPreparer):
+    preparer.gate = asyncio.Event()
+    prepare = asyncio.create_task(kubelet.prepare([claim(1)]))
+    await asyncio.wait_for(preparer.entered.wait(), 2)
+
+    info = await asyncio.wait_for(kubelet.get_info(), 1)
+    assert info.endpoint == str(server.dra_socket_path)
+    assert not prepare.done()
+
+    preparer.gate.set()
+    assert (await prepare)["uid-1"]["error"] == ""
+
+
+class FakeHealth:
+    """A health servicer that reports one healthy device on both API versions."""
+
+    def add_to_server(self, server: Any) -> None:
+        health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_Health(health_v1_pb2), server)
+        health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            _Health(health_v1alpha1_pb2), server)
+
+
+class _Health:
+    def __init__(self, pb2: ModuleType) -> None:
+        self._pb2 = pb2
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> Any:
+        pb2 = self._pb2
+        yield pb2.NodeWatchResourcesResponse(devices=[pb2.DeviceHealth(
+            device=pb2.DeviceIdentifier(pool_name="node-a", device_name="gpu-0"),
+            health=pb2.HealthStatus.HEALTHY,
+        )])
+        await asyncio.Event().wait()  # a stream stays open until the kubelet goes away
