@@ -1,0 +1,651 @@
+"""CDI: one transient spec per claim, and what containers need from the driver root.
+
+A claim's spec is ``<cdi_root>/k8s.<driver>-claim_<claimUID>.json`` with kind
+``k8s.<driver>/claim`` and device names ``<claimUID>-<device>``, so a runtime's CDI cache
+never serves one claim's edits to another. Spec-level edits (control nodes, libraries,
+binaries) apply whenever any of the claim's devices is requested; each device adds its own
+device nodes. ``cdiVersion`` is the lowest the content needs, so older runtimes accept it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from gpudra.driver.checkpoint import atomic_write
+
+CDI_CLASS = "claim"
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+BASE_VERSION = "0.3.0"
+
+
+class CdiError(Exception):
+    """A spec cannot be built or written, or the driver root lacks what containers need."""
+
+
+# --- container edits ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node in the container; ``host_path`` only when it differs from ``path``."""
+
+    path: str
+    host_path: str | None = None
+    type: Literal["c"] | None = None
+    major: int | None = None
+    minor: int | None = None
+    permissions: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        for key, value in (
+            ("hostPath", self.host_path),
+            ("type", self.type),
+            ("major", self.major),
+            ("minor", self.minor),
+            ("permissions", self.permissions),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: Sequence[str] = ()
+    type: str | None = None
+    """Setting it raises the spec to cdiVersion 0.4.0."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", tuple(self.options))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hostPath": self.host_path, "containerPath": self.container_path}
+        if self.options:
+            out["options"] = list(self.options)
+        if self.type is not None:
+            out["type"] = self.type
+        return out
+
+
+HOOK_NAMES = ("createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+
+
+@dataclass(frozen=True)
+class Hook:
+    hook_name: str
+    path: str
+    args: Sequence[str] = ()
+    env: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", tuple(self.env))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.env:
+            out["env"] = list(self.env)
+        return out
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """CDI ``containerEdits``; sequences are stored as tuples so equal edits compare equal."""
+
+    env: Sequence[str] = ()
+    device_nodes: Sequence[DeviceNode] = ()
+    mounts: Sequence[Mount] = ()
+    hooks: Sequence[Hook] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("env", "device_nodes", "mounts", "hooks"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def merge(self, *others: ContainerEdits) -> ContainerEdits:
+        """Concatenate, keeping the first device node per path and mount per container path."""
+        every = (self, *others)
+        return ContainerEdits(
+            env=_unique(e for x in every for e in x.env),
+            device_nodes=_unique((n for x in every for n in x.device_nodes), key=_node_path),
+            mounts=_unique((m for x in every for m in x.mounts), key=_mount_target),
+            hooks=_unique(h for x in every for h in x.hooks),
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts or self.hooks)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [n.to_json() for n in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [m.to_json() for m in self.mounts]
+        if self.hooks:
+            out["hooks"] = [h.to_json() for h in self.hooks]
+        return out
+
+    def validate(self, where: str) -> None:
+        for env in self.env:
+            if "=" not in env[1:]:
+                raise CdiError(f"{where}.env: {env!r} is not KEY=VALUE")
+        for node in self.device_nodes:
+            if not node.path.startswith("/"):
+                raise CdiError(f"{where}.deviceNodes: path {node.path!r} is not absolute")
+            if node.permissions is not None and not set(node.permissions) <= set("rwm"):
+                raise CdiError(
+                    f"{where}.deviceNodes[{node.path}].permissions: {node.permissions!r}"
+                    " is not a subset of 'rwm'"
+                )
+        for mount in self.mounts:
+            if not mount.host_path or not mount.container_path:
+                raise CdiError(f"{where}.mounts: {mount} needs hostPath and containerPath")
+        for hook in self.hooks:
+            if hook.hook_name not in HOOK_NAMES:
+                raise CdiError(f"{where}.hooks: hookName {hook.hook_name!r} not in {HOOK_NAMES}")
+            if not hook.path.startswith("/"):
+                raise CdiError(f"{where}.hooks: path {hook.path!r} is not absolute")
+
+
+_T = TypeVar("_T")
+
+
+def _unique(items: Iterable[_T], key: Callable[[_T], object] | None = None) -> list[_T]:
+    seen: set[object] = set()
+    out: list[_T] = []
+    for item in items:
+        k = item if key is None else key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return out
+
+
+def _node_path(node: DeviceNode) -> str:
+    return node.path
+
+
+def _mount_target(mount: Mount) -> str:
+    return mount.container_path
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """One prepared device: ``name`` is the DRA device name (``gpu-0``), not the CDI name."""
+
+    name: str
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+# --- names -------------------------------------------------------------------------------
+
+_VENDOR_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_CLASS_RE = _VENDOR_RE
+_DEVICE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_UUID_PREFIX_RE = re.compile(r"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                             r"[0-9a-fA-F]{12})-")
+
+
+def vendor(driver: str) -> str:
+    return f"k8s.{driver}"
+
+
+def spec_kind(driver: str) -> str:
+    return f"{vendor(driver)}/{CDI_CLASS}"
+
+
+def device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def qualified_name(driver: str, claim_uid: str, device: str) -> str:
+    """The id handed to the kubelet: ``k8s.gpu.nvidia.com/claim=<uid>-gpu-0``."""
+    return f"{spec_kind(driver)}={device_name(claim_uid, device)}"
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    # CDI's GenerateTransientSpecName: <vendor>-<class>_<id>, "/" in the id becomes "_".
+    return f"{vendor(driver)}-{CDI_CLASS}_{claim_uid.replace('/', '_')}.json"
+
+
+def spec_path(cdi_root: Path, driver: str, claim_uid: str) -> Path:
+    return cdi_root / spec_file_name(driver, claim_uid)
+
+
+def validate_names(kind: str, device_names: Sequence[str]) -> None:
+    vendor_part, _, class_part = kind.partition("/")
+    if not _VENDOR_RE.match(vendor_part) or len(vendor_part) > 253:
+        raise CdiError(
+            f"CDI vendor {vendor_part!r} must start with a letter, end with a letter or digit"
+            " and contain only letters, digits, '-', '_' and '.' (at most 253 characters)"
+        )
+    if not _CLASS_RE.match(class_part) or len(class_part) > 63:
+        raise CdiError(
+            f"CDI class {class_part!r} must start with a letter, end with a letter or digit"
+            " and contain only letters, digits, '-', '_' and '.' (at most 63 characters)"
+        )
+    for name in device_names:
+        if not _DEVICE_RE.match(name):
+            raise CdiError(
+                f"CDI device name {name!r} must start and end with a letter or digit and"
+                " contain only letters, digits, '-', '_', '.' and ':'"
+            )
+
+
+# --- spec ----------------------------------------------------------------------------------
+
+
+def build_claim_spec(
+    *,
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    common: ContainerEdits,
+) -> dict[str, Any]:
+    """A complete CDI spec for one claim, at the lowest ``cdiVersion`` its content needs."""
+    if not devices:
+        raise CdiError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    names = [device_name(claim_uid, d.name) for d in devices]
+    validate_names(spec_kind(driver), names)
+    if len(set(names)) != len(names):
+        raise CdiError(f"claim {claim_uid}: device names repeat: {names}")
+    common.validate("containerEdits")
+    spec_devices = []
+    for name, d in zip(names, devices, strict=True):
+        if d.edits.is_empty():
+            # CDI rejects a device without edits; it would also give the container nothing.
+            raise CdiError(f"CDI device {name}: no container edits")
+        d.edits.validate(f"devices[{name}].containerEdits")
+        spec_devices.append({"name": name, "containerEdits": d.edits.to_json()})
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": spec_kind(driver), "devices": spec_devices}
+    if not common.is_empty():
+        spec["containerEdits"] = common.to_json()
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def _all_edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    devices = spec.get("devices") or []
+    return [spec.get("containerEdits") or {}, *[d.get("containerEdits") or {} for d in devices]]
+
+
+def _needs_1_1_0(spec: Mapping[str, Any]) -> bool:
+    return any(
+        e.get("netDevices")
+        or any(k in (e.get("intelRdt") or {}) for k in ("schemata", "enableMonitoring"))
+        for e in _all_edits(spec)
+    )
+
+
+def _needs_0_7_0(spec: Mapping[str, Any]) -> bool:
+    return any(e.get("intelRdt") is not None or e.get("additionalGids") for e in _all_edits(spec))
+
+
+def _needs_0_6_0(spec: Mapping[str, Any]) -> bool:
+    devices = spec.get("devices") or []
+    _, _, class_part = str(spec.get("kind", "")).partition("/")
+    return bool(spec.get("annotations")) or any(d.get("annotations") for d in devices) or (
+        "." in class_part
+    )
+
+
+def _needs_0_5_0(spec: Mapping[str, Any]) -> bool:
+    # A name starting with a digit (claim UIDs can) was allowed only in 0.5.0.
+    names = [str(d.get("name", "")) for d in spec.get("devices") or []]
+    if any(name and not name[0].isalpha() for name in names):
+        return True
+    return any(n.get("hostPath") for e in _all_edits(spec) for n in e.get("deviceNodes") or [])
+
+
+def _needs_0_4_0(spec: Mapping[str, Any]) -> bool:
+    return any(m.get("type") for e in _all_edits(spec) for m in e.get("mounts") or [])
+
+
+# Highest first; the first rule that matches decides.
+_VERSION_RULES: tuple[tuple[str, Callable[[Mapping[str, Any]], bool]], ...] = (
+    ("1.1.0", _needs_1_1_0),
+    ("0.7.0", _needs_0_7_0),
+    ("0.6.0", _needs_0_6_0),
+    ("0.5.0", _needs_0_5_0),
+    ("0.4.0", _needs_0_4_0),
+)
+
+
+def minimum_version(spec: Mapping[str, Any]) -> str:
+    """The lowest CDI version whose schema allows everything ``spec`` uses (CDI 1.1.0 rules)."""
+    for version, needed in _VERSION_RULES:
+        if needed(spec):
+            return version
+    return BASE_VERSION
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in version.removeprefix("v").split("."))
+    except ValueError:
+        raise CdiError(f"cdiVersion {version!r} is not a version") from None
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None = None) -> Path:
+    """Write a claim's spec atomically (temp, fsync, rename, directory fsync); returns its path.
+
+    ``claim_uid`` defaults to the UUID that prefixes every device name (Kubernetes UIDs are
+    UUIDs).
+    """
+    kind = str(spec.get("kind", ""))
+    vendor_part, _, class_part = kind.partition("/")
+    if class_part != CDI_CLASS or not vendor_part.startswith("k8s."):
+        raise CdiError(f"spec kind {kind!r} is not a claim spec (k8s.<driver>/{CDI_CLASS})")
+    uid = claim_uid if claim_uid is not None else _uid_from_devices(spec)
+    declared = str(spec.get("cdiVersion", ""))
+    needed = minimum_version(spec)
+    if _version_tuple(declared) < _version_tuple(needed):
+        raise CdiError(f"spec declares cdiVersion {declared!r} but its content needs {needed}")
+    path = spec_path(cdi_root, vendor_part.removeprefix("k8s."), uid)
+    content = (json.dumps(spec, indent=2) + "\n").encode()
+    try:
+        cdi_root.mkdir(parents=True, exist_ok=True)
+        # Hidden and not ending in .json, so runtimes scanning the directory ignore it.
+        atomic_write(path, content, tmp=cdi_root / f".{path.name}.tmp-{os.getpid()}", mode=0o644)
+    except OSError as err:
+        raise CdiError(f"cannot write CDI spec {path}: {err.strerror or err}") from err
+    return path
+
+
+def _uid_from_devices(spec: Mapping[str, Any]) -> str:
+    uids = set()
+    for d in spec.get("devices") or []:
+        m = _UUID_PREFIX_RE.match(str(d.get("name", "")))
+        uids.add(m.group(1) if m else None)
+    if len(uids) != 1 or None in uids:
+        raise CdiError("cannot tell the claim UID from the spec's device names; pass claim_uid")
+    return str(uids.pop())
+
+
+def remove_spec(cdi_root: Path, driver: str, claim_uid: str) -> bool:
+    """Delete a claim's spec; ``False`` when there was none (unprepare is idempotent)."""
+    path = spec_path(cdi_root, driver, claim_uid)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise CdiError(f"cannot remove CDI spec {path}: {err.strerror or err}") from err
+    # No directory fsync: a removal lost in a crash leaves a stray spec, which
+    # list_claim_specs finds at startup.
+    return True
+
+
+def list_claim_specs(cdi_root: Path, driver: str) -> dict[str, Path]:
+    """Claim specs of this driver in ``cdi_root`` by claim UID (stray ones after a crash).
+
+    ``.yaml`` files count too: NVIDIA's driver writes the same names with that extension.
+    """
+    prefix = f"{vendor(driver)}-{CDI_CLASS}_"
+    found: dict[str, Path] = {}
+    try:
+        entries = sorted(cdi_root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for path in entries:
+        name = path.name
+        for suffix in (".json", ".yaml"):
+            if name.startswith(prefix) and name.endswith(suffix):
+                found.setdefault(name[len(prefix) : -len(suffix)], path)
+    return found
+
+
+# --- driver root ------------------------------------------------------------------------
+
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+REQUIRED_CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
+# 64-bit directories before /usr/lib, which holds 32-bit libraries on RPM distributions.
+LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "lib/x86_64-linux-gnu",
+    "lib64",
+    "usr/lib",
+    "usr/lib/wsl/lib",
+)
+LIBRARIES = (
+    "libcuda.so.1",
+    "libnvidia-ml.so.1",
+    "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-nvvm.so.4",
+    "libcudadebugger.so.1",
+    "libnvidia-opencl.so.1",
+    "libnvidia-cfg.so.1",
+    "libnvidia-allocator.so.1",
+    "libnvidia-gpucomp.so.*",
+)
+REQUIRED_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
+BINARY_DIRS = ("usr/bin", "usr/local/bin", "bin", "usr/sbin")
+BINARIES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
+            "nvidia-persistenced")
+READ_ONLY_BIND = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+_SYMLINK_HOPS = 40
+
+
+def mig_capability_minors(gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
+    """``(gi access, ci access)`` minors of ``/dev/nvidia-caps`` by NVIDIA's documented layout."""
+    gi_access = 3 + 135 * gpu_minor + 9 * gi
+    return gi_access, gi_access + 1 + ci
+
+
+class DriverRoot:
+    """What containers need from an NVIDIA driver installation, found once and cached.
+
+    ``root`` is the driver root as the host (and so the container runtime) sees it:
+    ``/`` or e.g. ``/run/nvidia/driver``; ``container_root`` is where this process sees the
+    same tree when it differs. Container paths are the root-relative paths.
+    """
+
+    def __init__(self, root: Path, *, container_root: Path | None = None) -> None:
+        self.root = root
+        self.scan_root = container_root if container_root is not None else root
+        self._common: ContainerEdits | None = None
+        self._gpu_nodes: dict[int, DeviceNode] = {}
+        self._caps_major: int | None = None
+
+    def refresh(self) -> None:
+        """Forget cached discoveries (after a driver upgrade)."""
+        self._common = None
+        self._gpu_nodes.clear()
+        self._caps_major = None
+
+    def common_edits(self) -> ContainerEdits:
+        if self._common is None:
+            nodes = []
+            for name in CONTROL_NODES:
+                node = self.device_node(f"/dev/{name}")
+                if node is not None:
+                    nodes.append(node)
+                elif name in REQUIRED_CONTROL_NODES:
+                    raise CdiError(self._missing_node(f"/dev/{name}", "nvidia-modprobe -u -c=0"))
+            self._common = ContainerEdits(
+                # A legacy-mode nvidia-container-runtime must not inject devices on its own.
+                env=("NVIDIA_VISIBLE_DEVICES=void",),
+                device_nodes=nodes,
+                mounts=[*self._libraries(), *self._binaries()],
+            )
+        return self._common
+
+    def gpu_edits(self, minor: int) -> ContainerEdits:
+        # Only successes are cached: NVIDIA's #1380 cached a spec without the device node.
+        node = self._gpu_nodes.get(minor)
+        if node is None:
+            node = self.device_node(f"/dev/nvidia{minor}")
+            if node is None:
+                fix = f"nvidia-modprobe -c={minor}"
+                raise CdiError(self._missing_node(f"/dev/nvidia{minor}", fix))
+            self._gpu_nodes[minor] = node
+        return ContainerEdits(device_nodes=(node,))
+
+    def mig_edits(self, parent_minor: int, gi: int, ci: int) -> ContainerEdits:
+        """The parent GPU's node plus the GPU- and compute-instance access capabilities."""
+        gi_minor, ci_minor = self.capability_minors(parent_minor, gi, ci)
+        caps = ContainerEdits(device_nodes=(self._cap_node(gi_minor), self._cap_node(ci_minor)))
+        return self.gpu_edits(parent_minor).merge(caps)
+
+    def capability_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
+        """From the driver's ``/proc`` access files when present, else the documented layout."""
+        base = f"proc/driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"
+        gi_default, ci_default = mig_capability_minors(gpu_minor, gi, ci)
+        return (
+            self._access_file_minor(f"{base}/access", gi_default),
+            self._access_file_minor(f"{base}/ci{ci}/access", ci_default),
+        )
+
+    def device_node(self, path: str) -> DeviceNode | None:
+        """The node at root-relative ``path``: type and numbers for a real char device."""
+        try:
+            st = (self.scan_root / path.lstrip("/")).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        host = self._host_path(path)
+        if stat.S_ISCHR(st.st_mode):
+            return DeviceNode(
+                path=path,
+                host_path=None if host == path else host,
+                type="c",
+                major=os.major(st.st_rdev),
+                minor=os.minor(st.st_rdev),
+            )
+        # A regular file stands in for the node (simulated driver root).
+        return DeviceNode(path=path, host_path=host)
+
+    def _host_path(self, path: str) -> str:
+        return str(self.root / path.lstrip("/"))
+
+    def _missing_node(self, path: str, fix: str) -> str:
+        return (
+            f"device node {path} not found under driver root {self.root}: the NVIDIA driver"
+            f" has not created it yet (run `{fix}` on the host); a container without it"
+            " could not use the GPU"
+        )
+
+    def _access_file_minor(self, rel: str, default: int) -> int:
+        try:
+            text = (self.scan_root / rel).read_text()
+        except OSError:
+            return default
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+                return int(value)
+        return default
+
+    def _cap_node(self, cap_minor: int) -> DeviceNode:
+        path = f"/dev/nvidia-caps/nvidia-cap{cap_minor}"
+        node = self.device_node(path)
+        if node is not None:
+            return node
+        # Not created on the host yet: the runtime can make it from the numbers, as
+        # NVIDIA's driver does (its nvcdi MIG specs were incomplete, #787).
+        major = self._nvidia_caps_major()
+        if major is None:
+            raise CdiError(
+                f"MIG capability device {path} not found under driver root {self.root} and"
+                f" no 'nvidia-caps' entry in {self.scan_root / 'proc/devices'}"
+            )
+        return DeviceNode(path=path, type="c", major=major, minor=cap_minor)
+
+    def _nvidia_caps_major(self) -> int | None:
+        if self._caps_major is None:
+            try:
+                lines = (self.scan_root / "proc/devices").read_text().splitlines()
+            except OSError:
+                return None
+            for line in lines:
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == "nvidia-caps" and parts[0].isdigit():
+                    self._caps_major = int(parts[0])
+        return self._caps_major
+
+    def _libraries(self) -> list[Mount]:
+        listings: dict[str, list[str]] = {}
+        mounts = []
+        for pattern in LIBRARIES:
+            found = self._find(LIBRARY_DIRS, pattern, listings)
+            if not found and pattern in REQUIRED_LIBRARIES:
+                raise CdiError(
+                    f"driver library {pattern} not found under driver root {self.root}"
+                    f" (searched {', '.join(LIBRARY_DIRS)})"
+                )
+            mounts.extend(found)
+        return mounts
+
+    def _binaries(self) -> list[Mount]:
+        listings: dict[str, list[str]] = {}
+        return [m for name in BINARIES for m in self._find(BINARY_DIRS, name, listings)]
+
+    def _find(
+        self, dirs: Sequence[str], pattern: str, listings: dict[str, list[str]]
+    ) -> list[Mount]:
+        """Read-only mounts for ``pattern`` from the first directory that has it."""
+        for d in dirs:
+            if d not in listings:
+                # Listed, not globbed: glob drops symlinks that dangle from this process's
+                # point of view, which absolute links inside a driver container's tree do.
+                try:
+                    listings[d] = sorted(p.name for p in (self.scan_root / d).iterdir())
+                except OSError:
+                    listings[d] = []
+            mounts = []
+            for name in fnmatch.filter(listings[d], pattern):
+                rel = f"/{d}/{name}"
+                real = self._resolve(rel)
+                if real is not None:
+                    mounts.append(Mount(self._host_path(real), rel, READ_ONLY_BIND))
+            if mounts:
+                return mounts
+        return []
+
+    def _resolve(self, path: str) -> str | None:
+        """Follow symlinks inside the driver root: absolute targets are relative to the root.
+
+        The runtime resolves a host path on the host, where an absolute link in a driver
+        container's tree would point outside it; so mounts name the real file.
+        """
+        pending = [p for p in path.split("/") if p]
+        resolved: list[str] = []
+        hops = 0
+        while pending:
+            part = pending.pop(0)
+            if part in (".", ".."):
+                if part == ".." and resolved:
+                    resolved.pop()
+                continue
+            candidate = self.scan_root.joinpath(*resolved, part)
+            if candidate.is_symlink():
+                hops += 1
+                if hops > _SYMLINK_HOPS:
+                    return None
+                target = str(candidate.readlink())
+                if target.startswith("/"):
+                    resolved = []
+                pending = [p for p in target.split("/") if p] + pending
+            elif candidate.exists():
+                resolved.append(part)
+            else:
+                return None
+        return "/" + "/".join(resolved)

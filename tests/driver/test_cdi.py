@@ -1,0 +1,370 @@
+"""CDI specs per claim: content, cdiVersion selection, names, files, driver-root discovery."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpudra.driver.cdi import (
+    CdiDevice,
+    CdiError,
+    ContainerEdits,
+    DeviceNode,
+    DriverRoot,
+    Hook,
+    Mount,
+    build_claim_spec,
+    list_claim_specs,
+    mig_capability_minors,
+    minimum_version,
+    qualified_name,
+    remove_spec,
+    spec_file_name,
+    spec_path,
+    write_spec,
+)
+from gpudra.driver.sim.driver_root import NVIDIA_CAPS_MAJOR, populate_driver_root
+
+DRIVER = "gpu.nvidia.com"
+UID = "0b5d2f1e-7c4a-4e2b-9f61-3a8d5c0e7b12"  # starts with a digit, as claim UIDs can
+LETTER_UID = "fb5d2f1e-7c4a-4e2b-9f61-3a8d5c0e7b12"
+RO = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+
+
+@pytest.fixture
+def root(tmp_path):
+    return populate_driver_root(tmp_path / "driver", [0, 1], {1: [(2, 0)]})
+
+
+@pytest.fixture
+def driver_root(root):
+    return DriverRoot(root)
+
+
+def node(root, path):
+    return {"path": path, "hostPath": f"{root}{path}"}
+
+
+def test_gpu_claim_spec(root, driver_root):
+    spec = build_claim_spec(driver=DRIVER, claim_uid=UID,
+                            devices=[CdiDevice("gpu-0", driver_root.gpu_edits(0))],
+                            common=ContainerEdits())
+    assert spec == {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [{"name": f"{UID}-gpu-0",
+                     "containerEdits": {"deviceNodes": [node(root, "/dev/nvidia0")]}}],
+    }
+    assert qualified_name(DRIVER, UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
+
+
+def test_mig_device_has_parent_node_and_both_access_capabilities(root, driver_root):
+    gi_minor, ci_minor = mig_capability_minors(1, 2, 0)
+    assert (gi_minor, ci_minor) == (3 + 135 + 18, 3 + 135 + 18 + 1)
+    edits = driver_root.mig_edits(1, 2, 0)
+    assert [n.to_json() for n in edits.device_nodes] == [
+        node(root, "/dev/nvidia1"),
+        node(root, f"/dev/nvidia-caps/nvidia-cap{gi_minor}"),
+        node(root, f"/dev/nvidia-caps/nvidia-cap{ci_minor}"),
+    ]
+
+
+def test_mig_capability_minors_come_from_proc_when_the_driver_says_so(root, driver_root):
+    access = root / "proc/driver/nvidia/capabilities/gpu1/mig/gi2"
+    (access / "access").write_text("DeviceFileMinor: 400\nDeviceFileMode: 292\n")
+    (access / "ci0" / "access").write_text("DeviceFileMinor: 401\n")
+    (root / "dev/nvidia-caps/nvidia-cap400").touch()
+    assert driver_root.capability_minors(1, 2, 0) == (400, 401)
+    nodes = driver_root.mig_edits(1, 2, 0).device_nodes
+    assert nodes[1] == DeviceNode("/dev/nvidia-caps/nvidia-cap400",
+                                  host_path=f"{root}/dev/nvidia-caps/nvidia-cap400")
+    # No node on the host for 401: described by numbers, for the runtime to create.
+    assert nodes[2] == DeviceNode("/dev/nvidia-caps/nvidia-cap401", type="c",
+                                  major=NVIDIA_CAPS_MAJOR, minor=401)
+
+
+def test_mig_capability_without_node_or_major_is_an_error(root, driver_root):
+    (root / "proc/devices").write_text("Character devices:\n195 nvidia-frontend\n")
+    with pytest.raises(CdiError, match=r"MIG capability device /dev/nvidia-caps/nvidia-cap\d+"
+                                       " not found under driver root"):
+        driver_root.mig_edits(0, 1, 0)
+
+
+def test_common_edits(root, driver_root):
+    common = driver_root.common_edits()
+    assert common.env == ("NVIDIA_VISIBLE_DEVICES=void",)
+    assert [n.path for n in common.device_nodes] == [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
+    lib = "/usr/lib/x86_64-linux-gnu"
+    mounts = {m.container_path: m for m in common.mounts}
+    # Sonames are symlinks; the mount names the real file.
+    assert mounts[f"{lib}/libcuda.so.1"] == Mount(
+        f"{root}{lib}/libcuda.so.580.65.06", f"{lib}/libcuda.so.1", RO)
+    assert {f"{lib}/libnvidia-ml.so.1", f"{lib}/libnvidia-ptxjitcompiler.so.1",
+            f"{lib}/libnvidia-nvvm.so.4", f"{lib}/libnvidia-gpucomp.so.580.65.06",
+            "/usr/bin/nvidia-smi", "/usr/bin/nvidia-cuda-mps-control",
+            "/usr/bin/nvidia-cuda-mps-server", "/usr/bin/nvidia-persistenced"} <= set(mounts)
+    assert all(m.options == tuple(RO) and m.type is None for m in common.mounts)
+
+    spec = build_claim_spec(driver=DRIVER, claim_uid=UID,
+                            devices=[CdiDevice("gpu-1", driver_root.gpu_edits(1))],
+                            common=common)
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert spec["containerEdits"]["mounts"][0] == {
+        "hostPath": f"{root}{lib}/libcuda.so.580.65.06",
+        "containerPath": f"{lib}/libcuda.so.1", "options": RO}
+
+
+def test_optional_pieces_may_be_missing_required_ones_may_not(root):
+    (root / "dev/nvidia-modeset").unlink()
+    (root / "usr/bin/nvidia-persistenced").unlink()
+    common = DriverRoot(root).common_edits()
+    assert "/dev/nvidia-modeset" not in [n.path for n in common.device_nodes]
+    assert "/usr/bin/nvidia-persistenced" not in [m.container_path for m in common.mounts]
+
+    (root / "dev/nvidia-uvm").unlink()
+    with pytest.raises(CdiError, match=r"device node /dev/nvidia-uvm not found.*nvidia-modprobe"):
+        DriverRoot(root).common_edits()
+    (root / "dev/nvidia-uvm").touch()
+    (root / "usr/lib/x86_64-linux-gnu/libcuda.so.1").unlink()
+    with pytest.raises(CdiError, match=r"driver library libcuda\.so\.1 not found under driver"):
+        DriverRoot(root).common_edits()
+
+
+def test_missing_gpu_device_node_is_an_error_not_an_empty_spec(root, driver_root):
+    message = f"device node /dev/nvidia5 not found under driver root {root}"
+    with pytest.raises(CdiError, match=message):
+        driver_root.gpu_edits(5)
+    # A miss is not cached: once the driver creates the node, prepare works.
+    (root / "dev/nvidia5").touch()
+    assert driver_root.gpu_edits(5).device_nodes[0].path == "/dev/nvidia5"
+
+
+def test_discovery_is_cached_until_refresh(root, driver_root):
+    first = driver_root.common_edits()
+    (root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").unlink()
+    assert driver_root.common_edits() is first
+    driver_root.refresh()
+    with pytest.raises(CdiError, match=r"libnvidia-ml\.so\.1"):
+        driver_root.common_edits()
+
+
+def test_real_character_devices_carry_type_and_numbers(tmp_path):
+    st = Path("/dev/null").stat()
+    # A driver root at / : host path and container path coincide, so no hostPath.
+    assert DriverRoot(Path("/")).device_node("/dev/null") == DeviceNode(
+        "/dev/null", type="c", major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
+    # /dev/null standing in for a GPU under another root.
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/nvidia3").symlink_to("/dev/null")
+    assert DriverRoot(tmp_path).gpu_edits(3).device_nodes == (DeviceNode(
+        "/dev/nvidia3", host_path=f"{tmp_path}/dev/nvidia3", type="c",
+        major=os.major(st.st_rdev), minor=os.minor(st.st_rdev)),)
+
+
+def test_container_root_is_scanned_and_host_root_is_written(root):
+    seen_from_host = Path("/run/nvidia/driver")
+    driver_root = DriverRoot(seen_from_host, container_root=root)
+    assert driver_root.gpu_edits(0).device_nodes[0].host_path == "/run/nvidia/driver/dev/nvidia0"
+    libcuda = driver_root.common_edits().mounts[0]
+    assert libcuda.host_path == "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"
+
+
+def test_absolute_library_symlinks_resolve_inside_the_driver_root(tmp_path):
+    populate_driver_root(tmp_path, [0])
+    lib64 = tmp_path / "usr/lib64"
+    lib64.mkdir()
+    (lib64 / "libcuda.so.999").write_text("x")
+    # Absolute links in a driver container's tree mean "inside that tree".
+    (lib64 / "libcuda.so.1").symlink_to("/usr/lib/../lib64/libcuda.so.999")
+    (tmp_path / "usr/lib/x86_64-linux-gnu/libcuda.so.1").unlink()
+    mounts = {m.container_path: m for m in DriverRoot(tmp_path).common_edits().mounts}
+    assert mounts["/usr/lib64/libcuda.so.1"].host_path == f"{tmp_path}/usr/lib64/libcuda.so.999"
+
+
+# --- cdiVersion ---------------------------------------------------------------------------
+
+
+def minimal(name="gpu-0", kind="k8s.gpu.nvidia.com/claim", **edits):
+    return {"kind": kind, "devices": [{"name": name, "containerEdits": {"env": ["A=1"], **edits}}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "version"),
+    [
+        (minimal(), "0.3.0"),
+        (minimal(mounts=[{"hostPath": "/a", "containerPath": "/a"}]), "0.3.0"),
+        (minimal(mounts=[{"hostPath": "/a", "containerPath": "/a", "type": "bind"}]), "0.4.0"),
+        (minimal(deviceNodes=[{"path": "/dev/x", "hostPath": "/r/dev/x"}]), "0.5.0"),
+        (minimal(name="0abc-gpu-0"), "0.5.0"),
+        ({**minimal(), "annotations": {"a": "b"}}, "0.6.0"),
+        ({"kind": "v.com/c", "devices": [{"name": "d", "annotations": {"a": "b"}}]}, "0.6.0"),
+        (minimal(kind="k8s.gpu.nvidia.com/claim.v2"), "0.6.0"),
+        (minimal(additionalGids=[44]), "0.7.0"),
+        (minimal(intelRdt={"closID": "x"}), "0.7.0"),
+        ({**minimal(), "containerEdits": {"additionalGids": [44]}}, "0.7.0"),
+        (minimal(netDevices=[{"hostInterfaceName": "eth1", "name": "net1"}]), "1.1.0"),
+        (minimal(intelRdt={"closID": "x", "schemata": ["L3:0=f"]}), "1.1.0"),
+        (minimal(name="9-gpu", mounts=[{"hostPath": "/a", "containerPath": "/a", "type": "b"}],
+                 additionalGids=[1]), "0.7.0"),
+    ],
+)
+def test_minimum_version(spec, version):
+    assert minimum_version(spec) == version
+
+
+def test_built_specs_use_the_lowest_version_their_content_allows():
+    plain = ContainerEdits(device_nodes=[DeviceNode("/dev/nvidia0", type="c", major=195, minor=0)])
+    devices = [CdiDevice("gpu-0", plain)]
+    common = ContainerEdits(env=["NVIDIA_VISIBLE_DEVICES=void"])
+    at = {uid: build_claim_spec(driver=DRIVER, claim_uid=uid, devices=devices, common=common)
+          for uid in (LETTER_UID, UID)}
+    assert at[LETTER_UID]["cdiVersion"] == "0.3.0"
+    assert at[UID]["cdiVersion"] == "0.5.0"  # device name starts with a digit
+
+
+# --- names ----------------------------------------------------------------------------
+
+
+def test_file_and_device_naming(tmp_path):
+    assert spec_file_name(DRIVER, UID) == f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    assert spec_file_name(DRIVER, "a/b") == "k8s.gpu.nvidia.com-claim_a_b.json"
+    assert spec_path(tmp_path, DRIVER, UID) == tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+
+
+GPU = ContainerEdits(device_nodes=[DeviceNode("/dev/nvidia0")])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"driver": "gpu.nvidia.com-"}, "CDI vendor 'k8s.gpu.nvidia.com-' must start with a"),
+        ({"driver": "gpu/nvidia"}, "CDI class 'nvidia/claim' must start with a letter"),
+        ({"devices": [CdiDevice("gpu 0", GPU)]}, f"CDI device name '{UID}-gpu 0' must start"),
+        ({"devices": [CdiDevice("gpu-0-", GPU)]}, "must start and end with a letter or digit"),
+        ({"claim_uid": "-x"}, "CDI device name '-x-gpu-0'"),
+        ({"devices": []}, "needs at least one device"),
+        ({"devices": [CdiDevice("gpu-0", GPU)] * 2}, "device names repeat"),
+        ({"devices": [CdiDevice("gpu-0")]}, f"CDI device {UID}-gpu-0: no container edits"),
+        ({"common": ContainerEdits(env=["NOVALUE"])}, r"containerEdits\.env: 'NOVALUE' is not"),
+        ({"common": ContainerEdits(env=["=x"])}, "is not KEY=VALUE"),
+        ({"devices": [CdiDevice("g", ContainerEdits(device_nodes=[DeviceNode("dev/x")]))]},
+         "path 'dev/x' is not absolute"),
+        ({"devices": [CdiDevice("g", ContainerEdits(
+            device_nodes=[DeviceNode("/dev/x", permissions="rwx")]))]}, "not a subset of 'rwm'"),
+        ({"common": ContainerEdits(hooks=[Hook("prestart", "/bin/hook")])},
+         "hookName 'prestart' not in"),
+        ({"common": ContainerEdits(hooks=[Hook("createContainer", "hook")])},
+         "path 'hook' is not absolute"),
+        ({"common": ContainerEdits(mounts=[Mount("", "/x")])}, "needs hostPath and containerPath"),
+    ],
+)
+def test_invalid_specs_are_refused_with_a_clear_message(kwargs, message):
+    args = {"driver": DRIVER, "claim_uid": UID, "devices": [CdiDevice("gpu-0", GPU)],
+            "common": ContainerEdits(), **kwargs}
+    with pytest.raises(CdiError, match=message):
+        build_claim_spec(**args)
+
+
+def test_edits_merge_without_duplicates():
+    a = ContainerEdits(env=["A=1"], device_nodes=[DeviceNode("/dev/nvidia0")],
+                       mounts=[Mount("/h/x", "/x")])
+    b = ContainerEdits(env=("A=1", "B=2"), device_nodes=[DeviceNode("/dev/nvidia0", "/h"),
+                                                        DeviceNode("/dev/nvidia1")],
+                       mounts=[Mount("/other/x", "/x")], hooks=[Hook("poststop", "/bin/h")])
+    merged = a.merge(b)
+    assert merged.env == ("A=1", "B=2")
+    assert merged.device_nodes == (DeviceNode("/dev/nvidia0"), DeviceNode("/dev/nvidia1"))
+    assert merged.mounts == (Mount("/h/x", "/x"),)
+    assert merged.hooks == (Hook("poststop", "/bin/h"),)
+    assert ContainerEdits(env=["A=1"]) == ContainerEdits(env=("A=1",))
+
+
+# --- files ----------------------------------------------------------------------------
+
+
+def spec_for(uid=UID):
+    return build_claim_spec(driver=DRIVER, claim_uid=uid, devices=[CdiDevice("gpu-0", GPU)],
+                            common=ContainerEdits(env=["NVIDIA_VISIBLE_DEVICES=void"]))
+
+
+def test_write_spec_is_atomic_and_creates_the_directory(tmp_path):
+    cdi_root = tmp_path / "var/run/cdi"
+    path = write_spec(cdi_root, spec_for())
+    assert path == cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    written = json.loads(path.read_text())
+    assert written == spec_for()
+    assert minimum_version(written) == written["cdiVersion"]
+    assert [p.name for p in cdi_root.iterdir()] == [path.name]  # no temp file left behind
+    assert write_spec(cdi_root, spec_for(), claim_uid=UID) == path  # rewrite in place
+
+
+def test_a_failed_write_keeps_the_previous_spec(tmp_path, monkeypatch):
+    path = write_spec(tmp_path, spec_for())
+    before = path.read_bytes()
+    changed = build_claim_spec(driver=DRIVER, claim_uid=UID,
+                               devices=[CdiDevice("gpu-1", GPU)], common=ContainerEdits())
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(CdiError, match=f"cannot write CDI spec {path}: No space left"):
+        write_spec(tmp_path, changed)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_write_spec_refuses_a_version_below_its_content(tmp_path):
+    spec = {**spec_for(), "cdiVersion": "0.3.0"}
+    with pytest.raises(CdiError, match=r"cdiVersion '0\.3\.0' but its content needs 0\.5\.0"):
+        write_spec(tmp_path, spec)
+    with pytest.raises(CdiError, match="not a claim spec"):
+        write_spec(tmp_path, {**spec_for(), "kind": "nvidia.com/gpu"})
+
+
+def test_claim_uid_comes_from_device_names_or_must_be_given(tmp_path):
+    spec = build_claim_spec(driver=DRIVER, claim_uid="claim-1", devices=[CdiDevice("gpu-0", GPU)],
+                            common=ContainerEdits())
+    with pytest.raises(CdiError, match="pass claim_uid"):
+        write_spec(tmp_path, spec)
+    assert write_spec(tmp_path, spec, claim_uid="claim-1").name == (
+        "k8s.gpu.nvidia.com-claim_claim-1.json")
+
+
+def test_unwritable_cdi_root_names_the_path(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(CdiError, match=f"cannot write CDI spec {blocker}/cdi/"):
+        write_spec(blocker / "cdi", spec_for())
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_cdi_root_names_the_path(tmp_path):
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(CdiError, match=f"cannot write CDI spec {tmp_path}/.*Permission denied"):
+            write_spec(tmp_path, spec_for())
+    finally:
+        tmp_path.chmod(0o755)
+
+
+def test_remove_is_idempotent_and_list_finds_strays(tmp_path):
+    write_spec(tmp_path, spec_for(UID))
+    write_spec(tmp_path, spec_for(LETTER_UID))
+    (tmp_path / "k8s.gpu.nvidia.com-claim_legacy-uid.yaml").write_text("{}")  # NVIDIA's driver
+    (tmp_path / "k8s.other.example.com-claim_x.json").write_text("{}")
+    (tmp_path / f".k8s.gpu.nvidia.com-claim_{UID}.json.tmp-1").write_text("")
+    assert list_claim_specs(tmp_path, DRIVER) == {
+        UID: tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.json",
+        LETTER_UID: tmp_path / f"k8s.gpu.nvidia.com-claim_{LETTER_UID}.json",
+        "legacy-uid": tmp_path / "k8s.gpu.nvidia.com-claim_legacy-uid.yaml",
+    }
+    assert remove_spec(tmp_path, DRIVER, UID) is True
+    assert remove_spec(tmp_path, DRIVER, UID) is False
+    assert UID not in list_claim_specs(tmp_path, DRIVER)
+    assert list_claim_specs(tmp_path / "missing", DRIVER) == {}

@@ -1,0 +1,460 @@
+"""The checkpoint: format and checksum, upgrades and downgrades, reboots, crashes, locking."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpudra.driver.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointLockTimeout,
+    CheckpointStore,
+    CheckpointVersionUnsupported,
+    ClaimRecord,
+    MigRecord,
+    PreparedDevice,
+    current_boot_id,
+    encode,
+    with_claim_completed,
+    with_claim_started,
+    with_mig_mode_baseline,
+    without_claim,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+UID_A = "6f1c7a52-3b0e-4d5e-9a43-0c2f1e9b8d10"
+UID_B = "a0d4e2f7-91b3-4c68-b5a2-7e3f0d1c6b29"
+
+
+def gpu(device="gpu-0", *, admin=False):
+    return PreparedDevice(
+        request_names=["gpu"],
+        pool="node-a",
+        device=device,
+        cdi_device_ids=[f"k8s.gpu.nvidia.com/claim={UID_A}-{device}"],
+        kind="gpu",
+        uuid="GPU-0000",
+        admin_access=admin,
+    )
+
+
+def mig_device():
+    return PreparedDevice(
+        request_names=["mig"],
+        pool="node-a",
+        device="gpu-1-mig-1g10gb-19-3",
+        cdi_device_ids=[f"k8s.gpu.nvidia.com/claim={UID_B}-gpu-1-mig-1g10gb-19-3"],
+        kind="mig",
+        share_id="share-1",
+        uuid="MIG-1111",
+        parent_uuid="GPU-1111",
+        mig=MigRecord(
+            parent_uuid="GPU-1111",
+            gpu_instance_id=5,
+            compute_instance_id=0,
+            profile_id=19,
+            placement_start=3,
+            placement_size=1,
+            mig_uuid="MIG-1111",
+            created=True,
+        ),
+    )
+
+
+def sample(boot_id="boot-1"):
+    cp = Checkpoint(boot_id=boot_id, mig_mode_baseline={"GPU-1111": False})
+    cp = with_claim_started(cp, ClaimRecord(uid=UID_A, namespace="ml", name="trainer",
+                                            restore={"computeMode": {"GPU-0000": "Default"}},
+                                            started_at="2026-01-01T00:00:00Z"))
+    cp = with_claim_completed(cp, UID_A, [gpu()])
+    cp = with_claim_started(cp, ClaimRecord(uid=UID_B, namespace="default", name="nb",
+                                            devices=[mig_device()]))
+    return cp
+
+
+def canonical_checksum(data):
+    # Independent of the module: the documented rule, spelled out.
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_save_and_load_round_trip(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    cp = sample()
+    store.save(cp)
+    assert store.load() == cp
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert (doc["kind"], doc["version"]) == ("GpudraCheckpoint", 2)
+    assert doc["checksum"] == canonical_checksum(doc["data"])
+    assert doc["data"]["claims"][UID_A]["state"] == "PrepareCompleted"
+    assert doc["data"]["claims"][UID_B]["devices"][0]["mig"]["gpuInstanceId"] == 5
+
+
+def test_restore_data_with_non_string_keys_still_verifies(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="b")
+    record = ClaimRecord(uid="u", namespace="n", name="c", restore={2: "a", 10: "b"})
+    store.save(with_claim_started(Checkpoint(boot_id="b"), record))
+    assert store.load().claims["u"].restore == {"2": "a", "10": "b"}  # as JSON has it
+
+
+def test_missing_file_is_an_empty_checkpoint_of_this_boot(tmp_path):
+    result = CheckpointStore(tmp_path / "new", boot_id="boot-9").load_result()
+    assert result.checkpoint == Checkpoint(boot_id="boot-9")
+    assert result.reset_reason is None and result.migrated_from is None
+
+
+def test_boot_id_defaults_to_the_kernels():
+    assert CheckpointStore(Path("/nonexistent")).boot_id == current_boot_id()
+    assert current_boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_two_phase_transitions_and_queries():
+    cp = sample()
+    assert set(cp.completed()) == {UID_A}
+    assert set(cp.started()) == {UID_B}
+    assert cp.claims[UID_A].devices == [gpu()]
+    assert without_claim(cp, UID_A).claims.keys() == {UID_B}
+    assert without_claim(cp, "unknown") is cp
+    with pytest.raises(KeyError, match="never recorded as started"):
+        with_claim_completed(cp, "unknown", [])
+    # Restarting a claim that had completed puts it back to started.
+    again = with_claim_started(cp, cp.claims[UID_A])
+    assert again.claims[UID_A].state == PREPARE_STARTED
+    assert cp.claims[UID_A].state == PREPARE_COMPLETED  # the original is untouched
+
+
+def test_mig_mode_baseline_keeps_the_first_value():
+    cp = with_mig_mode_baseline(Checkpoint(boot_id="b"), "GPU-1", False)
+    assert with_mig_mode_baseline(cp, "GPU-1", True).mig_mode_baseline == {"GPU-1": False}
+
+
+def test_devices_in_use_excludes_own_claim_and_admin_access():
+    cp = sample()
+    assert cp.devices_in_use() == {("node-a", "gpu-0"), ("node-a", "gpu-1-mig-1g10gb-19-3")}
+    assert cp.devices_in_use(exclude_uid=UID_A) == {("node-a", "gpu-1-mig-1g10gb-19-3")}
+    admin = ClaimRecord(uid="admin", namespace="mon", name="dcgm",
+                        devices=[gpu("gpu-7", admin=True)])
+    cp = with_claim_completed(with_claim_started(cp, admin), "admin", admin.devices)
+    assert ("node-a", "gpu-7") not in cp.devices_in_use(exclude_uid=UID_A)
+
+
+def test_flipped_byte_is_detected(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    store.save(sample())
+    path = tmp_path / "checkpoint.json"
+    content = path.read_bytes()
+    # Still valid JSON, one character different: only the checksum can tell.
+    flipped = content.replace(b'"trainer"', b'"trainef"')
+    assert flipped != content
+    path.write_bytes(flipped)
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch") as err:
+        store.load()
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"kind": "GpudraCheckpoint", "version": 2, "chec', "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"kind": "Other", "version": 2, "checksum": "", "data": {}}', "kind is 'Other'"),
+        (b'{"version": "two"}', "unknown version 'two'"),
+    ],
+)
+def test_unparsable_files_are_corrupt(tmp_path, content, reason):
+    (tmp_path / "checkpoint.json").write_bytes(content)
+    with pytest.raises(CheckpointCorrupt, match=reason):
+        CheckpointStore(tmp_path, boot_id="b").load()
+
+
+def test_wrong_field_type_names_the_field(tmp_path):
+    data = json.loads(encode(sample()))["data"]
+    data["claims"][UID_B]["devices"][0]["mig"]["gpuInstanceId"] = "5"
+    write_raw(tmp_path, data)
+    with pytest.raises(CheckpointCorrupt,
+                       match=rf"data\.claims\.{UID_B}\.devices\[0\]\.mig\.gpuInstanceId: "
+                             "expected an integer, got str"):
+        CheckpointStore(tmp_path, boot_id="boot-1").load()
+
+
+def test_newer_major_version_is_not_treated_as_corrupt(tmp_path):
+    (tmp_path / "checkpoint.json").write_text(json.dumps(
+        {"kind": "GpudraCheckpoint", "version": 3, "checksum": "x", "data": {}}))
+    with pytest.raises(CheckpointVersionUnsupported, match=r"version 3.*newer gpudra") as err:
+        CheckpointStore(tmp_path, boot_id="b").load()
+    assert not isinstance(err.value, CheckpointCorrupt)
+
+
+def write_raw(directory, data, **envelope):
+    # Written the way another build might: compact, its own key order.
+    doc = {"data": data, "checksum": canonical_checksum(data), "version": 2,
+           "kind": "GpudraCheckpoint", **envelope}
+    (directory / "checkpoint.json").write_text(json.dumps(doc, separators=(",", ":")))
+
+
+def test_fields_from_a_newer_version_verify_load_and_survive_a_rewrite(tmp_path):
+    data = json.loads(encode(sample()))["data"]
+    data["futureNodeField"] = {"nested": [1, 2.5, None, "x"]}
+    # A newer build may also omit fields it considers empty.
+    del data["claims"][UID_A]["devices"][0]["shareId"]
+    del data["claims"][UID_A]["restore"]
+    claim = data["claims"][UID_B]
+    claim["futureClaimField"] = "keep me"
+    claim["devices"][0]["futureDeviceField"] = True
+    claim["devices"][0]["mig"]["futureMigField"] = 7
+    write_raw(tmp_path, data, futureEnvelopeField="outside the checksum")
+
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    cp = store.load()
+    assert cp.extra == {"futureNodeField": {"nested": [1, 2.5, None, "x"]}}
+    assert cp.claims[UID_B].extra == {"futureClaimField": "keep me"}
+    assert cp.claims[UID_B].devices[0].extra == {"futureDeviceField": True}
+    assert cp.claims[UID_B].devices[0].mig.extra == {"futureMigField": 7}
+
+    # This (older) build changes something unrelated and writes the file back.
+    store.update(lambda c: without_claim(with_mig_mode_baseline(c, "GPU-2", True), UID_A))
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    written = doc["data"]
+    assert doc["checksum"] == canonical_checksum(written)
+    assert written["futureNodeField"] == {"nested": [1, 2.5, None, "x"]}
+    assert written["claims"][UID_B]["futureClaimField"] == "keep me"
+    assert written["claims"][UID_B]["devices"][0]["futureDeviceField"] is True
+    assert written["claims"][UID_B]["devices"][0]["mig"]["futureMigField"] == 7
+    assert "futureEnvelopeField" not in doc  # not covered by the checksum, so not trusted
+    assert written["migModeBaseline"] == {"GPU-1111": False, "GPU-2": True}
+
+
+def test_version_1_fixture_migrates_to_version_2(tmp_path):
+    shutil.copy(FIXTURES / "checkpoint_v1.json", tmp_path / "checkpoint.json")
+    store = CheckpointStore(tmp_path, boot_id="boot-now")
+    result = store.load_result()
+    assert result.migrated_from == 1 and result.reset_reason is None
+    cp = result.checkpoint
+    assert cp.boot_id == "boot-now"  # version 1 had none: the current boot is assumed
+    assert set(cp.completed()) == {UID_A, UID_B}
+    trainer = cp.claims[UID_A]
+    assert (trainer.namespace, trainer.name) == ("ml", "trainer-gpu")
+    assert [d.device for d in trainer.devices] == ["gpu-0", "gpu-1"]
+    assert trainer.devices[0].cdi_device_ids == [f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0"]
+    assert trainer.devices[0].request_names == ["gpu"]
+    notebook = cp.claims[UID_B].devices[0]
+    assert (notebook.kind, notebook.mig) == ("mig", None)
+
+    store.save(cp)
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert doc["version"] == 2
+    assert store.load_result().migrated_from is None
+    assert store.load() == cp
+
+
+def test_version_1_with_a_bad_checksum_is_corrupt(tmp_path):
+    doc = json.loads((FIXTURES / "checkpoint_v1.json").read_text())
+    doc["preparedClaims"][UID_A]["name"] = "tampered"
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        CheckpointStore(tmp_path, boot_id="b").load()
+
+
+def test_reboot_drops_claims_and_keeps_mig_mode_baselines(tmp_path):
+    CheckpointStore(tmp_path, boot_id="boot-1").save(sample())
+    store = CheckpointStore(tmp_path, boot_id="boot-2")
+    result = store.load_result()
+    assert result.checkpoint == Checkpoint(boot_id="boot-2",
+                                           mig_mode_baseline={"GPU-1111": False})
+    assert "rebooted" in result.reset_reason and "dropped 2 claim(s)" in result.reset_reason
+    # The first save after the reboot makes it stick.
+    store.save(result.checkpoint)
+    assert store.load_result().reset_reason is None
+
+
+def test_quarantine_moves_the_file_aside(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="b")
+    assert store.quarantine() is None
+    (tmp_path / "checkpoint.json").write_text("garbage")
+    first = store.quarantine()
+    (tmp_path / "checkpoint.json").write_text("more garbage")
+    second = store.quarantine()
+    assert first.name.startswith("checkpoint.json.corrupt-") and first.read_text() == "garbage"
+    assert second != first and second.read_text() == "more garbage"
+    assert store.load() == Checkpoint(boot_id="b")
+
+
+def test_a_save_that_fails_midway_keeps_the_old_file(tmp_path, monkeypatch):
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    store.save(sample())
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space"):
+        store.save(Checkpoint(boot_id="boot-1"))
+    monkeypatch.undo()
+    assert store.load() == sample()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+
+
+def test_stale_temp_files_of_crashed_writers_are_removed(tmp_path):
+    (tmp_path / "checkpoint.json.tmp-99999").write_text('{"partial')
+    CheckpointStore(tmp_path, boot_id="b").save(sample("b"))
+    assert not list(tmp_path.glob("checkpoint.json.tmp-*"))
+
+
+CRASHER = textwrap.dedent("""
+    import json, os, random, signal, sys, time
+    from pathlib import Path
+    from gpudra.driver.checkpoint import *
+
+    directory, min_rounds = Path(sys.argv[1]), int(sys.argv[2])
+
+    def big(generation):
+        claims = {
+            f"uid-{j:03d}": ClaimRecord(
+                uid=f"uid-{j:03d}", namespace="ns", name=f"claim-{j}", state=PREPARE_COMPLETED,
+                devices=[PreparedDevice(["gpu"], "node", f"gpu-{j}", [f"k8s/claim=uid-{j}"])],
+                restore={"generation": generation})
+            for j in range(150)
+        }
+        return Checkpoint(boot_id="boot", claims=claims, extra={"generation": generation})
+
+    store = CheckpointStore(directory, boot_id="boot")
+    store.save(big(0))
+    rng = random.Random(1)
+    last = torn = done = 0
+    # At least min_rounds kills, and more until one of them landed mid-save.
+    while done < min_rounds or (not torn and done < 3 * min_rounds):
+        done += 1
+        pid = os.fork()
+        if pid == 0:  # the writer: save newer generations until killed
+            try:
+                writer = CheckpointStore(directory, boot_id="boot")
+                generation = last + 1
+                while True:
+                    writer.save(big(generation))
+                    generation += 1
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.001, 0.03))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        torn += bool(list(directory.glob("checkpoint.json.tmp-*")))
+        cp = store.load()  # raises if the kill left a partial file
+        assert len(cp.claims) == 150 and cp.extra["generation"] >= last
+        last = cp.extra["generation"]
+    print(json.dumps({"rounds": done, "torn": torn, "last": last}))
+""")
+
+
+def test_sigkill_during_saves_never_leaves_a_partial_file(tmp_path):
+    # A supervisor process forks writers and SIGKILLs them at random moments; after each
+    # kill the file must load. Forking there keeps each round cheap and pytest fork-free.
+    proc = subprocess.run([sys.executable, "-c", CRASHER, str(tmp_path), "30"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    outcome = json.loads(proc.stdout)
+    assert outcome["rounds"] >= 30
+    assert outcome["last"] > 0  # writers made progress between kills
+    assert outcome["torn"] > 0  # some kills landed mid-save (a temp file was left behind)
+    store = CheckpointStore(tmp_path, boot_id="boot")
+    assert store.load().extra["generation"] == outcome["last"]
+
+
+CONTENDER = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    from gpudra.driver.checkpoint import CheckpointStore
+
+    directory, rounds = Path(sys.argv[1]), int(sys.argv[2])
+    counter, log = directory / "counter", directory / "log"
+    store = CheckpointStore(directory, boot_id="boot")
+    for _ in range(rounds):
+        with store.locked(), store.locked():  # nested: re-entrant
+            with log.open("a") as f:
+                f.write(f"enter {os.getpid()}\\n")
+            value = int(counter.read_text())
+            os.sched_yield()  # widen the read-modify-write window
+            counter.write_text(str(value + 1))
+            with log.open("a") as f:
+                f.write(f"exit {os.getpid()}\\n")
+""")
+
+
+def test_two_processes_never_interleave_under_the_lock(tmp_path):
+    rounds = 150
+    (tmp_path / "counter").write_text("0")
+    procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, str(tmp_path), str(rounds)],
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    assert int((tmp_path / "counter").read_text()) == 2 * rounds
+    pairs = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+    assert len(pairs) == 2 * 2 * rounds
+    # Every enter is followed by the same process's exit: no critical sections overlap.
+    for (enter, pid_in), (exit_, pid_out) in zip(pairs[0::2], pairs[1::2], strict=True):
+        assert (enter, exit_, pid_in) == ("enter", "exit", pid_out)
+    assert len({pid for _, pid in pairs[0::2]}) == 2
+
+
+def test_update_is_an_atomic_read_modify_write_across_store_objects(tmp_path):
+    def bump(cp):
+        return dataclasses.replace(cp, extra={"n": cp.extra.get("n", 0) + 1})
+
+    def worker():
+        store = CheckpointStore(tmp_path, boot_id="b")
+        for _ in range(15):
+            store.update(bump)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert CheckpointStore(tmp_path, boot_id="b").load().extra == {"n": 45}
+
+
+def test_lock_is_reentrant_in_one_thread_and_exclusive_across_threads(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="b")
+    errors = []
+
+    def other_thread():
+        try:
+            with store.locked(timeout=0.05):
+                pass
+        except CheckpointLockTimeout as err:
+            errors.append(str(err))
+
+    with store.locked(), store.locked():
+        store.save(sample("b"))  # save takes the lock again
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert len(errors) == 1 and "another thread" in errors[0]
+    with store.locked(timeout=0.05):  # released after the outermost exit
+        pass
+
+
+def test_lock_timeout_names_the_lock_and_its_holder(tmp_path):
+    holder = CheckpointStore(tmp_path, boot_id="b")
+    waiter = CheckpointStore(tmp_path, boot_id="b")
+    with holder.locked(), pytest.raises(CheckpointLockTimeout) as err, waiter.locked(timeout=0.1):
+        pass
+    message = str(err.value)
+    assert str(tmp_path / "checkpoint.lock") in message
+    assert f"held by pid {os.getpid()}" in message and "0.1s" in message
+    with waiter.locked(timeout=0.1):
+        pass
