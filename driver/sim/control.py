@@ -1,0 +1,128 @@
+"""``SimControl``: the test and operator side of a simulated node (processes, XIDs, faults).
+
+Works from any process on the same state directory: every change is one locked update of
+the state file, which every simulated NVML call (in any process) sees on its next call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import mig
+from .codes import MIG_ENABLE, NvmlFailure
+from .profiles import NodeProfile, node_profile
+from .state import GpuState, NodeState, ProcessState, StateStore, XidEvent
+
+
+class SimControl:
+    """Drive a simulated node from outside NVML."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.store = StateStore(state_dir)
+        if not self.store.exists():
+            raise FileNotFoundError(
+                f"no simulated node in {state_dir} (install() the simulator there first)")
+        self.node: NodeProfile = node_profile(self.store.read().profile)
+
+    def _gpu(self, state: NodeState, gpu_index: int) -> GpuState:
+        if not 0 <= gpu_index < len(state.gpus):
+            raise ValueError(f"no GPU {gpu_index} on this {len(state.gpus)}-GPU node")
+        return state.gpus[gpu_index]
+
+    def add_process(self, gpu_index: int, pid: int, mig_uuid: str | None = None, *,
+                    used_memory_mib: int = 0) -> None:
+        """Start a (pretend) CUDA process on a GPU, or on one of its MIG devices."""
+        with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index)
+            if mig_uuid is None and gpu.mig_current == MIG_ENABLE:
+                raise ValueError(f"GPU {gpu_index} is in MIG mode: a process needs a MIG device")
+            if mig_uuid is not None and gpu.mig_device(mig_uuid) is None:
+                raise ValueError(f"GPU {gpu_index} has no MIG device {mig_uuid}")
+            if any(p.pid == pid for p in gpu.processes):
+                raise ValueError(f"process {pid} already runs on GPU {gpu_index}")
+            gpu.processes.append(ProcessState(pid, mig_uuid, used_memory_mib))
+
+    def remove_process(self, gpu_index: int, pid: int) -> None:
+        with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index)
+            before = len(gpu.processes)
+            gpu.processes = [p for p in gpu.processes if p.pid != pid]
+            if len(gpu.processes) == before:
+                raise ValueError(f"process {pid} does not run on GPU {gpu_index}")
+
+    def raise_xid(self, gpu_index: int, xid: int, mig_uuid: str | None = None) -> None:
+        """Deliver an XID critical error to every event set registered for the GPU."""
+        with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index)
+            gi_id = ci_id = None
+            if mig_uuid is not None:
+                found = gpu.mig_device(mig_uuid)
+                if found is None:
+                    raise ValueError(f"GPU {gpu_index} has no MIG device {mig_uuid}")
+                gi_id, ci_id = found[0].id, found[1].id
+            state.add_event(XidEvent(state.next_event_seq, gpu_index, xid, gi_id, ci_id))
+            state.next_event_seq += 1
+
+    def set_gpu_lost(self, gpu_index: int, lost: bool) -> None:
+        """A lost GPU ("fallen off the bus") answers GPU_IS_LOST to all but identity calls."""
+        with self.store.update() as state:
+            self._gpu(state, gpu_index).lost = lost
+
+    def reset_gpu(self, gpu_index: int) -> None:
+        """Reset a GPU: a pending MIG mode applies and all MIG devices are gone."""
+        with self.store.update() as state:
+            try:
+                mig.reset_gpu(self._gpu(state, gpu_index))
+            except NvmlFailure:
+                raise ValueError(f"GPU {gpu_index} is in use; stop its processes first") from None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole simulated node: static identity plus every piece of mutable state."""
+        state = self.store.read()
+        gpus = []
+        for slot, gpu in zip(self.node.gpus, state.gpus, strict=True):
+            profiles = {p.id: p for p in slot.model.mig.profiles} if slot.model.mig else {}
+            gpus.append({
+                "index": slot.index,
+                "uuid": slot.uuid,
+                "model": slot.model.key,
+                "pci_bus_id": slot.pci.bus_id,
+                "mig_mode": {"current": gpu.mig_current, "pending": gpu.mig_pending},
+                "compute_mode": gpu.compute_mode,
+                "lost": gpu.lost,
+                "gpu_instances": [
+                    {
+                        "id": gi.id,
+                        "profile_id": gi.profile_id,
+                        "profile": profiles[gi.profile_id].name,
+                        "placement": {"start": gi.start, "size": gi.size},
+                        "compute_instances": [
+                            {
+                                "id": ci.id,
+                                "profile_id": ci.profile_id,
+                                "placement": {"start": ci.start, "size": ci.size},
+                                "uuid": ci.uuid,
+                                "compute_mode": ci.compute_mode,
+                            }
+                            for ci in gi.compute_instances
+                        ],
+                    }
+                    for gi in sorted(gpu.gpu_instances, key=lambda g: g.id)
+                ],
+                "processes": [
+                    {"pid": p.pid, "mig_uuid": p.mig_uuid, "used_memory_mib": p.used_memory_mib}
+                    for p in gpu.processes
+                ],
+            })
+        return {
+            "profile": self.node.name,
+            "driver_version": self.node.driver_version,
+            "cuda_driver_version": self.node.cuda_driver_version,
+            "gpus": gpus,
+            "events": [
+                {"seq": e.seq, "gpu": e.gpu, "xid": e.xid, "gpu_instance_id": e.gpu_instance_id,
+                 "compute_instance_id": e.compute_instance_id}
+                for e in state.events
+            ],
+        }

@@ -1,0 +1,1 @@
+"""Project-owned hardware data of the simulator (YAML); a package so wheels ship it."""
