@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `gpudra inventory | head`
+        sys.stderr.close()
+        return 0
     return result
 
 

@@ -107,6 +107,8 @@ def _mig_attributes(
     attrs: dict[str, AttributeValue] = {"type": "mig", "parentUUID": gpu.probe.uuid,
                                         "profile": profile.name}
     attrs.update(_common_attributes(inv, gpu))
+    # MIG devices cannot use NVLink peer-to-peer, so they belong to no NVLink domain.
+    attrs.pop("nvlinkDomain", None)
     return attrs
 
 

@@ -359,6 +359,80 @@ class Nvml:
         return instances
 
 
+    # --- MIG lifecycle -------------------------------------------------------------------
+
+    def create_mig_device(
+        self, uuid: str, profile: MigProfile, placement: Placement
+    ) -> MigInstance:
+        """Create a GPU instance at exactly ``placement`` and its full-size compute instance.
+
+        A taken placement raises :class:`NvmlError` with ``is_insufficient_resources``. When
+        the compute instance cannot be made, the GPU instance is destroyed again.
+        """
+        handle = self.handle(uuid)
+        with self._call(f"create {profile.name} at {placement.start}:{placement.size}"):
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile.index)
+            c_placement = pynvml.c_nvmlGpuInstancePlacement_t()
+            c_placement.start = placement.start
+            c_placement.size = placement.size
+            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, int(info.id), c_placement)
+            try:
+                gi_id = int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
+                ci_profile = self._full_compute_profile(gi, profile.slice_count)
+                ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+                ci_id = int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
+            except pynvml.NVMLError:
+                pynvml.nvmlGpuInstanceDestroy(gi)
+                raise
+        for instance in self.mig_instances(uuid):
+            if instance.gpu_instance_id == gi_id and instance.compute_instance_id == ci_id:
+                return instance
+        raise NvmlError("find created MIG device", int(pynvml.NVML_ERROR_NOT_FOUND),
+                        f"GPU instance {gi_id} / compute instance {ci_id} has no MIG device")
+
+    @staticmethod
+    def _full_compute_profile(gi: Any, gi_slices: int) -> int:
+        """The compute-instance profile id that spans the whole GPU instance.
+
+        Chosen by slice count, never by a fixed index: a fixed guess is how NVIDIA's driver
+        created the wrong CI on A100 7g and B300 1g (upstream issues #1480, #1454).
+        """
+        best: tuple[int, int] | None = None
+        for index in range(9):
+            if index == 7:  # 1_SLICE_REV1 is a special-purpose profile
+                continue
+            try:
+                info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, 0)
+            except pynvml.NVMLError:
+                continue
+            slices = int(info.sliceCount)
+            if slices <= gi_slices and (best is None or slices > best[0]):
+                best = (slices, int(info.id))
+        if best is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return best[1]
+
+    def destroy_mig_device(self, uuid: str, gpu_instance_id: int, compute_instance_id: int) -> bool:
+        """Destroy a MIG device (compute instance, then GPU instance); ``False`` if it was gone."""
+        handle = self.handle(uuid)
+        with self._call(f"destroy MIG device {gpu_instance_id}/{compute_instance_id}"):
+            try:
+                gi = pynvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+            except (pynvml.NVMLError_NotFound, pynvml.NVMLError_NotSupported):
+                return False  # destroyed already, or MIG is off and nothing exists
+            try:
+                ci = pynvml.nvmlGpuInstanceGetComputeInstanceById(gi, compute_instance_id)
+            except pynvml.NVMLError_NotFound:
+                pass
+            else:
+                pynvml.nvmlComputeInstanceDestroy(ci)
+            pynvml.nvmlGpuInstanceDestroy(gi)
+        with self._lock:
+            for key in [k for k in self._handles if k.startswith("MIG-")]:
+                del self._handles[key]
+        return True
+
+
 def open_nvml(*, simulate: str | None = None, sim_state: Path | None = None) -> Nvml:
     """Initialise NVML (real, or the simulated node ``simulate`` with state in ``sim_state``).
 

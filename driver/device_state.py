@@ -1,0 +1,504 @@
+"""Preparing and unpreparing claims on the hardware: the side effects, made crash-safe.
+
+Every claim goes through two checkpoint phases. ``PrepareStarted`` is saved before any
+hardware is touched and names what is about to be created (a MIG device is recorded by
+parent, profile and placement before it exists, and by its ids as soon as it does);
+``PrepareCompleted`` is saved after the CDI spec is written. A crash anywhere in between
+leaves a started record that :meth:`DeviceState.reconcile` (at start) or the next prepare
+of the same claim rolls back. All work happens under the checkpoint's file lock, so two
+daemon instances sharing the data directory (a rolling update) never interleave.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpudra.api.configs import TIME_SLICE_VALUES, GpuConfig, MigDeviceConfig
+from gpudra.driver import cdi
+from gpudra.driver.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    CheckpointStore,
+    ClaimRecord,
+    MigRecord,
+    PreparedDevice,
+    with_claim_completed,
+    with_claim_started,
+    with_mig_mode_baseline,
+    without_claim,
+)
+from gpudra.driver.claims import ClaimError, ClaimToPrepare, PreparedResult
+from gpudra.driver.faults import crash_point
+from gpudra.driver.nvml import (
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    COMPUTE_MODE_PROHIBITED,
+    MigInstance,
+    Nvml,
+    NvmlError,
+)
+from gpudra.driver.prepare_plan import (
+    DeviceStep,
+    DynamicMigTarget,
+    GpuTarget,
+    NodeIndex,
+    PreparePlan,
+    StaticMigTarget,
+    plan_claim,
+)
+
+log = structlog.get_logger(__name__)
+
+COMPUTE_MODES = {
+    "Default": COMPUTE_MODE_DEFAULT,
+    "ExclusiveProcess": COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    "Prohibited": COMPUTE_MODE_PROHIBITED,
+}
+
+TimeSliceSetter = Callable[[str, int], None]
+"""Sets a GPU's time-slice (``nvidia-smi compute-policy --set-timeslice``); see commands."""
+
+
+@dataclass
+class ReconcileReport:
+    """What start-up reconciliation found and fixed."""
+
+    rolled_back_claims: list[str] = field(default_factory=list)
+    destroyed_mig_devices: list[str] = field(default_factory=list)
+    removed_cdi_specs: list[str] = field(default_factory=list)
+    checkpoint_reset: str | None = None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _nvml_message(claim: ClaimToPrepare, step: DeviceStep, exc: NvmlError) -> str:
+    device = step.allocated.device
+    if exc.is_insufficient_resources and isinstance(step.target, DynamicMigTarget):
+        t = step.target
+        return (f"claim {claim.ref}: cannot create {t.profile.name} at placement "
+                f"{t.placement.start}:{t.placement.size} on GPU {t.parent_uuid} for device "
+                f"{device!r}: the placement is taken by a MIG device the scheduler does not "
+                "know about (NVML: insufficient resources)")
+    return f"claim {claim.ref}: device {device!r}: {exc}"
+
+
+class DeviceState:
+    """The node's prepared claims and the hardware state behind them."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        nvml: Nvml,
+        index: NodeIndex,
+        store: CheckpointStore,
+        cdi_root: Path,
+        driver_root: cdi.DriverRoot,
+        set_time_slice: TimeSliceSetter | None = None,
+        lock_timeout: float = 30.0,
+    ) -> None:
+        self.driver = driver
+        self.nvml = nvml
+        self.index = index
+        self.store = store
+        self.cdi_root = cdi_root
+        self.driver_root = driver_root
+        self._set_time_slice = set_time_slice
+        self._lock_timeout = lock_timeout
+        self._thread_lock = threading.Lock()
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def prepared(self, uid: str) -> list[PreparedResult] | None:
+        """The kubelet answer for a claim already prepared, or ``None``."""
+        record = self.store.load().claims.get(uid)
+        if record is None or record.state != PREPARE_COMPLETED:
+            return None
+        return [self._result(d) for d in record.devices]
+
+    @staticmethod
+    def _result(device: PreparedDevice) -> PreparedResult:
+        return PreparedResult(
+            request_names=tuple(device.request_names),
+            pool=device.pool,
+            device=device.device,
+            cdi_device_ids=tuple(device.cdi_device_ids),
+            share_id=device.share_id,
+        )
+
+    # --- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, claim: ClaimToPrepare) -> list[PreparedResult]:
+        """Prepare one claim; idempotent. Raises :class:`ClaimError` and then changes nothing."""
+        with self._thread_lock, self.store.locked(self._lock_timeout):
+            cp = self.store.load()
+            existing = cp.claims.get(claim.uid)
+            if existing is not None and existing.state == PREPARE_COMPLETED:
+                return [self._result(d) for d in existing.devices]
+            if existing is not None:
+                log.warning("rolling back an interrupted prepare", claim=claim.ref)
+                self._undo(existing, cp)
+                cp = without_claim(cp, claim.uid)
+                self.store.save(cp)
+            plan = plan_claim(claim, self.index)
+            self._check_conflicts(plan, cp)
+            return self._execute(plan, cp)
+
+    def _check_conflicts(self, plan: PreparePlan, cp: Checkpoint) -> None:
+        """The last line of defence: never hand out what another prepared claim holds."""
+        claim = plan.claim
+        held = cp.devices_in_use(exclude_uid=claim.uid)
+        owners = {
+            (d.pool, d.device): r for r in cp.claims.values() if r.uid != claim.uid
+            for d in r.devices
+        }
+        for step in plan.steps:
+            if step.allocated.admin_access:
+                continue
+            key = (step.allocated.pool, step.allocated.device)
+            if key in held:
+                other = owners[key]
+                raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r} is already "
+                                 f"prepared for claim {other.namespace}/{other.name}:{other.uid}")
+            for holder, held_device in self._physical_holders(cp, claim.uid):
+                if _physically_overlap(step, held_device):
+                    raise ClaimError(
+                        f"claim {claim.ref}: device {step.allocated.device!r} overlaps device "
+                        f"{held_device.device!r} of claim {holder.namespace}/{holder.name}:"
+                        f"{holder.uid} on GPU {step.parent_uuid}")
+
+    @staticmethod
+    def _physical_holders(
+        cp: Checkpoint, exclude_uid: str
+    ) -> Iterable[tuple[ClaimRecord, PreparedDevice]]:
+        for record in cp.claims.values():
+            if record.uid == exclude_uid:
+                continue
+            for device in record.devices:
+                if not device.admin_access:
+                    yield record, device
+
+    def _execute(self, plan: PreparePlan, cp: Checkpoint) -> list[PreparedResult]:
+        claim = plan.claim
+        record = ClaimRecord(
+            uid=claim.uid, namespace=claim.namespace, name=claim.name, state=PREPARE_STARTED,
+            devices=[self._planned_device(step) for step in plan.steps],
+            restore={}, started_at=_now(),
+        )
+        for step in plan.steps:
+            if isinstance(step.target, DynamicMigTarget):
+                mode = self.nvml.mig_mode(step.target.parent_uuid)
+                cp = with_mig_mode_baseline(cp, step.target.parent_uuid,
+                                            bool(mode and mode.current))
+        cp = with_claim_started(cp, record)
+        self.store.save(cp)
+        crash_point("prepare:after-started")
+        try:
+            record = self._apply(plan, record, cp)
+            cp = dataclasses.replace(cp, claims={**cp.claims, claim.uid: record})
+            specs = [self._cdi_device(claim.uid, step, device)
+                     for step, device in zip(plan.steps, record.devices, strict=True)]
+            spec = cdi.build_claim_spec(driver=self.driver, claim_uid=claim.uid, devices=specs,
+                                        common=self.driver_root.common_edits())
+            cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid)
+            crash_point("prepare:after-cdi-write")
+        except (NvmlError, cdi.CdiError, ClaimError, OSError) as exc:
+            self._undo(record, cp)
+            self.store.save(without_claim(self.store.load(), claim.uid))
+            if isinstance(exc, ClaimError):
+                raise
+            failed = _failed_step(plan, exc)
+            if isinstance(exc, NvmlError) and failed is not None:
+                raise ClaimError(_nvml_message(claim, failed, exc)) from exc
+            raise ClaimError(f"claim {claim.ref}: {exc}") from exc
+        qualified = [
+            dataclasses.replace(d, cdi_device_ids=[cdi.qualified_name(self.driver, claim.uid,
+                                                                      d.device)])
+            for d in record.devices
+        ]
+        cp = with_claim_completed(cp, claim.uid, qualified)
+        self.store.save(cp)
+        return [self._result(d) for d in qualified]
+
+    def _planned_device(self, step: DeviceStep) -> PreparedDevice:
+        target = step.target
+        mig: MigRecord | None = None
+        uuid: str | None = None
+        parent: str | None = None
+        if isinstance(target, GpuTarget):
+            uuid = target.uuid
+        elif isinstance(target, StaticMigTarget):
+            uuid, parent = target.uuid, target.parent_uuid
+            mig = MigRecord(parent_uuid=target.parent_uuid,
+                            gpu_instance_id=target.gpu_instance_id,
+                            compute_instance_id=target.compute_instance_id,
+                            profile_id=-1, placement_start=-1, placement_size=-1,
+                            mig_uuid=target.uuid, created=False)
+        else:
+            parent = target.parent_uuid
+            # Intent only: ids of -1 until the instance exists. Recovery finds it by placement.
+            mig = MigRecord(parent_uuid=target.parent_uuid, gpu_instance_id=-1,
+                            compute_instance_id=-1, profile_id=target.profile.profile_id,
+                            placement_start=target.placement.start,
+                            placement_size=target.placement.size, mig_uuid=None, created=True)
+        return PreparedDevice(
+            request_names=[step.allocated.base_request], pool=step.allocated.pool,
+            device=step.allocated.device, cdi_device_ids=[], share_id=step.allocated.share_id,
+            kind="gpu" if isinstance(target, GpuTarget) else "mig", uuid=uuid,
+            parent_uuid=parent, mig=mig, admin_access=step.allocated.admin_access,
+        )
+
+    def _apply(self, plan: PreparePlan, record: ClaimRecord, cp: Checkpoint) -> ClaimRecord:
+        """Create MIG devices and apply settings, checkpointing each irreversible step."""
+        devices = list(record.devices)
+        restore: dict[str, Any] = dict(record.restore)
+        for i, step in enumerate(plan.steps):
+            if isinstance(step.target, DynamicMigTarget):
+                instance = self._create_mig(plan.claim, step.target)
+                crash_point("prepare:after-mig-create")
+                intent = devices[i].mig
+                assert intent is not None
+                created = dataclasses.replace(
+                    intent, gpu_instance_id=instance.gpu_instance_id,
+                    compute_instance_id=instance.compute_instance_id, mig_uuid=instance.uuid)
+                devices[i] = dataclasses.replace(devices[i], uuid=instance.uuid, mig=created)
+                record = dataclasses.replace(record, devices=list(devices))
+                self.store.save(with_claim_started(cp, record))
+                crash_point("prepare:after-mig-recorded")
+        for i, step in enumerate(plan.steps):
+            if step.allocated.admin_access or step.config is None:
+                continue  # nothing asked: touch nothing (no implicit time-slicing)
+            restore = self._apply_settings(plan.claim, step, devices[i], restore)
+            record = dataclasses.replace(record, devices=list(devices), restore=dict(restore))
+            self.store.save(with_claim_started(cp, record))
+        crash_point("prepare:after-settings")
+        return dataclasses.replace(record, devices=devices, restore=restore)
+
+    def _create_mig(self, claim: ClaimToPrepare, target: DynamicMigTarget) -> MigInstance:
+        mode = self.nvml.mig_mode(target.parent_uuid)
+        if mode is None:
+            raise ClaimError(f"claim {claim.ref}: GPU {target.parent_uuid} cannot do MIG")
+        if not mode.current:
+            if not target.reset_less_toggle and self.nvml.running_processes(target.parent_uuid):
+                raise ClaimError(
+                    f"claim {claim.ref}: MIG mode is off on GPU {target.parent_uuid} and processes "
+                    "are running on it; Ampere GPUs can only switch MIG mode when idle")
+            self.nvml.set_mig_mode(target.parent_uuid, True)
+            log.info("enabled MIG mode", gpu=target.parent_uuid, claim=claim.ref)
+        instance = self.nvml.create_mig_device(target.parent_uuid, target.profile, target.placement)
+        log.info("created MIG device", claim=claim.ref, gpu=target.parent_uuid,
+                 profile=target.profile.name, placement=target.placement.start, uuid=instance.uuid)
+        return instance
+
+    def _apply_settings(
+        self, claim: ClaimToPrepare, step: DeviceStep, device: PreparedDevice,
+        restore: dict[str, Any],
+    ) -> dict[str, Any]:
+        config = step.config
+        assert isinstance(config, GpuConfig | MigDeviceConfig)
+        uuid = device.uuid
+        assert uuid is not None
+        mode_name = config.compute_mode
+        sharing = config.sharing
+        if sharing is not None and sharing.strategy == "MPS":
+            raise ClaimError(f"claim {claim.ref}: sharing strategy MPS is not supported by this "
+                             "node yet (config for device {step.allocated.device!r})")
+        if sharing is not None and sharing.strategy == "TimeSlicing":
+            mode_name = mode_name or "Default"
+        if mode_name is not None:
+            previous = self.nvml.compute_mode(uuid)
+            restore.setdefault("computeMode", {}).setdefault(uuid, previous)
+            self.nvml.set_compute_mode(uuid, COMPUTE_MODES[mode_name])
+        if (sharing is not None and sharing.strategy == "TimeSlicing"
+                and isinstance(config, GpuConfig)):
+            interval = "Default"
+            if config.sharing and getattr(config.sharing, "time_slicing_config", None):
+                interval = config.sharing.time_slicing_config.interval  # type: ignore[union-attr]
+            if self._set_time_slice is None:
+                raise ClaimError(f"claim {claim.ref}: time-slicing is not available on this node")
+            restore.setdefault("timeSlice", {}).setdefault(uuid, TIME_SLICE_VALUES["Default"])
+            self._set_time_slice(uuid, TIME_SLICE_VALUES[interval])
+        return restore
+
+    def _cdi_device(self, uid: str, step: DeviceStep, device: PreparedDevice) -> cdi.CdiDevice:
+        target = step.target
+        if isinstance(target, GpuTarget):
+            edits = self.driver_root.gpu_edits(target.minor)
+        elif isinstance(target, StaticMigTarget):
+            edits = self.driver_root.mig_edits(target.parent_minor, target.gpu_instance_id,
+                                               target.compute_instance_id)
+        else:
+            assert device.mig is not None
+            edits = self.driver_root.mig_edits(target.parent_minor, device.mig.gpu_instance_id,
+                                               device.mig.compute_instance_id)
+        return cdi.CdiDevice(name=cdi.device_name(uid, device.device), edits=edits)
+
+    # --- unprepare -------------------------------------------------------------------------
+
+    def unprepare(self, uid: str) -> None:
+        """Undo a claim from the checkpoint alone; unknown claims are fine (idempotent)."""
+        with self._thread_lock, self.store.locked(self._lock_timeout):
+            cp = self.store.load()
+            record = cp.claims.get(uid)
+            if record is None:
+                cdi.remove_spec(self.cdi_root, self.driver, uid)
+                return
+            try:
+                self._undo(record, cp)
+            except (NvmlError, OSError) as exc:
+                raise ClaimError(f"claim {record.namespace}/{record.name}:{uid}: unprepare "
+                                 f"failed, will retry: {exc}") from exc
+            self.store.save(without_claim(self.store.load(), uid))
+
+    def _undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
+        """Restore settings, destroy MIG devices we created, remove the CDI spec."""
+        for uuid, mode in (record.restore.get("computeMode") or {}).items():
+            try:
+                self.nvml.set_compute_mode(uuid, int(mode))
+            except NvmlError as exc:
+                if not exc.is_not_found:  # the MIG device may already be gone
+                    raise
+        for uuid, value in (record.restore.get("timeSlice") or {}).items():
+            if self._set_time_slice is not None:
+                self._set_time_slice(uuid, int(value))
+        crash_point("unprepare:after-settings-restored")
+        owned = self._owned_elsewhere(cp, record.uid)
+        parents: set[str] = set()
+        for device in record.devices:
+            mig = device.mig
+            if mig is None or not mig.created:
+                continue
+            parents.add(mig.parent_uuid)
+            self._destroy(mig, owned)
+        crash_point("unprepare:after-mig-destroy")
+        for parent in parents:
+            self._restore_mig_mode(parent, cp)
+        cdi.remove_spec(self.cdi_root, self.driver, record.uid)
+        crash_point("unprepare:after-cdi-remove")
+
+    @staticmethod
+    def _owned_elsewhere(cp: Checkpoint, uid: str) -> set[tuple[str, int, int]]:
+        """(parent, profile, start) of MIG devices that other claims hold."""
+        owned = set()
+        for record in cp.claims.values():
+            if record.uid == uid:
+                continue
+            for device in record.devices:
+                if device.mig is not None and device.mig.created:
+                    m = device.mig
+                    owned.add((m.parent_uuid, m.profile_id, m.placement_start))
+        return owned
+
+    def _destroy(self, mig: MigRecord, owned: set[tuple[str, int, int]]) -> None:
+        if (mig.parent_uuid, mig.profile_id, mig.placement_start) in owned:
+            return  # another claim's; never ours to destroy
+        gi, ci = mig.gpu_instance_id, mig.compute_instance_id
+        if gi < 0:
+            # Crashed between create and record: find it by what the name encodes.
+            live = self._find_live(mig.parent_uuid, mig.profile_id, mig.placement_start)
+            if live is None:
+                return
+            gi, ci = live.gpu_instance_id, live.compute_instance_id
+        if self.nvml.destroy_mig_device(mig.parent_uuid, gi, ci):
+            log.info("destroyed MIG device", gpu=mig.parent_uuid, gpu_instance=gi,
+                     compute_instance=ci)
+
+    def _find_live(self, parent: str, profile_id: int, start: int) -> MigInstance | None:
+        for instance in self.nvml.mig_instances(parent):
+            if instance.profile_id == profile_id and instance.placement.start == start:
+                return instance
+        return None
+
+    def _restore_mig_mode(self, parent: str, cp: Checkpoint) -> None:
+        """Turn MIG off again when the last partition is gone and it was off before us."""
+        if cp.mig_mode_baseline.get(parent, True):
+            return
+        if self.nvml.mig_instances(parent):
+            return
+        if self.nvml.running_processes(parent):
+            return  # not idle: leave it; the next unprepare tries again
+        try:
+            self.nvml.set_mig_mode(parent, False)
+        except NvmlError as exc:
+            log.warning("could not disable MIG mode", gpu=parent, error=str(exc))
+        else:
+            log.info("disabled MIG mode", gpu=parent)
+
+    # --- start-up reconciliation ---------------------------------------------------------
+
+    def reconcile(self) -> ReconcileReport:
+        """Converge after a crash: roll back half-prepared claims, destroy leaked MIG devices
+        on GPUs this driver manages, remove CDI specs no prepared claim owns."""
+        report = ReconcileReport()
+        with self._thread_lock, self.store.locked(self._lock_timeout):
+            result = self.store.load_result()
+            report.checkpoint_reset = result.reset_reason
+            cp = result.checkpoint
+            for record in list(cp.started().values()):
+                self._undo(record, cp)
+                cp = without_claim(cp, record.uid)
+                report.rolled_back_claims.append(f"{record.namespace}/{record.name}:{record.uid}")
+            self.store.save(cp)
+            keep = {
+                (d.mig.parent_uuid, d.mig.gpu_instance_id)
+                for r in cp.completed().values() for d in r.devices
+                if d.mig is not None and d.mig.created
+            }
+            for parent in cp.mig_mode_baseline:
+                for instance in self._safe_instances(parent):
+                    if (parent, instance.gpu_instance_id) in keep:
+                        continue
+                    self.nvml.destroy_mig_device(parent, instance.gpu_instance_id,
+                                                 instance.compute_instance_id)
+                    report.destroyed_mig_devices.append(instance.uuid)
+                self._restore_mig_mode(parent, cp)
+            for uid, path in cdi.list_claim_specs(self.cdi_root, self.driver).items():
+                if uid not in cp.completed():
+                    path.unlink(missing_ok=True)
+                    report.removed_cdi_specs.append(path.name)
+        return report
+
+    def _safe_instances(self, parent: str) -> list[MigInstance]:
+        try:
+            return self.nvml.mig_instances(parent)
+        except NvmlError as exc:
+            log.warning("cannot list MIG devices", gpu=parent, error=str(exc))
+            return []
+
+    def owned_mig_uuids(self) -> set[str]:
+        cp = self.store.load()
+        return {d.mig.mig_uuid for r in cp.completed().values() for d in r.devices
+                if d.mig is not None and d.mig.created and d.mig.mig_uuid}
+
+
+def _physically_overlap(step: DeviceStep, other: PreparedDevice) -> bool:
+    """Whether a planned device and a prepared one share hardware on the same GPU."""
+    target = step.target
+    other_parent = other.parent_uuid or other.uuid
+    if step.parent_uuid != other_parent:
+        return False
+    if isinstance(target, GpuTarget) or other.kind == "gpu":
+        return True  # a full GPU shares hardware with everything on it
+    if isinstance(target, DynamicMigTarget) and other.mig is not None and other.mig.created:
+        start, size = other.mig.placement_start, other.mig.placement_size
+        return target.placement.start < start + size and start < target.placement.start + \
+            target.placement.size
+    return False
+
+
+def _failed_step(plan: PreparePlan, exc: BaseException) -> DeviceStep | None:
+    for step in plan.steps:
+        if step.allocated.device in str(exc):
+            return step
+    return next((s for s in plan.steps if isinstance(s.target, DynamicMigTarget)), None)

@@ -1,0 +1,159 @@
+"""What preparing a claim means on this node, computed without touching anything.
+
+The plan names, for every allocated device, the physical target (a full GPU, an existing
+MIG device, or a MIG device to create at a placement) and its config. Everything that can
+be wrong with a claim is found here, before any hardware or file is changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpudra.api.configs import DeviceConfig
+from gpudra.driver.claims import (
+    AllocatedDevice,
+    ClaimError,
+    ClaimToPrepare,
+    duplicate_devices,
+    resolve_configs,
+)
+from gpudra.driver.device_model import ModelOptions, build_devices
+from gpudra.driver.devices import NodeDevices
+from gpudra.driver.inventory import GpuRecord, NodeInventory
+from gpudra.driver.mig import MigProfile, Placement, parse_device_name
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    uuid: str
+    minor: int
+
+
+@dataclass(frozen=True)
+class StaticMigTarget:
+    uuid: str
+    parent_uuid: str
+    parent_minor: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True)
+class DynamicMigTarget:
+    parent_uuid: str
+    parent_minor: int
+    profile: MigProfile
+    placement: Placement
+    reset_less_toggle: bool
+    """Hopper and newer change MIG mode without a GPU reset."""
+
+
+Target = GpuTarget | StaticMigTarget | DynamicMigTarget
+
+HOPPER = 9
+
+
+@dataclass(frozen=True)
+class DeviceStep:
+    allocated: AllocatedDevice
+    target: Target
+    config: DeviceConfig | None
+
+    @property
+    def parent_uuid(self) -> str:
+        return self.target.uuid if isinstance(self.target, GpuTarget) else self.target.parent_uuid
+
+
+@dataclass(frozen=True)
+class PreparePlan:
+    claim: ClaimToPrepare
+    steps: tuple[DeviceStep, ...]
+
+
+@dataclass(frozen=True)
+class NodeIndex:
+    """Device name → physical target, for the devices this node publishes."""
+
+    pool: str
+    devices: NodeDevices
+    targets: Mapping[str, Target]
+
+    @classmethod
+    def build(cls, pool: str, inventory: NodeInventory, options: ModelOptions) -> NodeIndex:
+        devices = build_devices(inventory, options)
+        gpus = {g.probe.minor: g for g in inventory.gpus}
+        targets: dict[str, Target] = {}
+        for device in devices.devices:
+            target = _target(device.name, device.type, device.attributes.get("uuid"), gpus)
+            if target is not None:
+                targets[device.name] = target
+        return cls(pool, devices, targets)
+
+
+def _target(
+    name: str, kind: str, uuid: object, gpus: Mapping[int, GpuRecord]
+) -> Target | None:
+    if kind == "gpu":
+        minor = int(name.removeprefix("gpu-"))
+        return GpuTarget(gpus[minor].probe.uuid, minor)
+    ref = parse_device_name(name)
+    if ref is None or ref.parent_minor not in gpus:
+        return None
+    parent = gpus[ref.parent_minor]
+    if isinstance(uuid, str):
+        for inst in parent.mig_instances:
+            if inst.uuid == uuid:
+                return StaticMigTarget(uuid, parent.probe.uuid, ref.parent_minor,
+                                       inst.gpu_instance_id, inst.compute_instance_id)
+        return None
+    profile = next((p for p in parent.mig_profiles if p.profile_id == ref.profile_id), None)
+    if profile is None:
+        return None
+    placement = next((p for p in profile.placements if p.start == ref.start), None)
+    if placement is None:
+        return None
+    return DynamicMigTarget(parent.probe.uuid, ref.parent_minor, profile, placement,
+                            parent.probe.architecture >= HOPPER)
+
+
+def plan_claim(claim: ClaimToPrepare, node: NodeIndex) -> PreparePlan:
+    """Check a claim against this node and say what to do; raises :class:`ClaimError`."""
+    if not claim.devices:
+        raise ClaimError(f"claim {claim.ref}: allocation has no devices for this driver")
+    dupes = duplicate_devices(claim.devices)
+    if dupes:
+        raise ClaimError(f"claim {claim.ref}: device {dupes[0]!r} allocated twice")
+    for device in claim.devices:
+        if device.pool != node.pool:
+            raise ClaimError(f"claim {claim.ref}: device {device.device!r} is in pool "
+                             f"{device.pool!r}, not this node's pool {node.pool!r}")
+        if device.device not in node.targets:
+            raise ClaimError(f"claim {claim.ref}: device {device.device!r} is not in this node's "
+                             "inventory (was the GPU removed or repartitioned?)")
+    types = {d.name: d.type for d in node.devices.devices}
+    configs = resolve_configs(claim, types)
+    steps = tuple(DeviceStep(d, node.targets[d.device], configs[d.device]) for d in claim.devices)
+    _check_overlaps(claim, steps)
+    return PreparePlan(claim, steps)
+
+
+def _check_overlaps(claim: ClaimToPrepare, steps: tuple[DeviceStep, ...]) -> None:
+    """One claim cannot hold a full GPU and a partition of it, or overlapping partitions."""
+    by_parent: dict[str, list[DeviceStep]] = {}
+    for step in steps:
+        if not step.allocated.admin_access:
+            by_parent.setdefault(step.parent_uuid, []).append(step)
+    for group in by_parent.values():
+        whole = [s for s in group if isinstance(s.target, GpuTarget)]
+        if whole and len(group) > 1:
+            raise ClaimError(f"claim {claim.ref}: device {whole[0].allocated.device!r} is a full "
+                             "GPU and the claim also holds a MIG device on it")
+        dynamic = [s for s in group if isinstance(s.target, DynamicMigTarget)]
+        for i, a in enumerate(dynamic):
+            for b in dynamic[i + 1:]:
+                assert isinstance(a.target, DynamicMigTarget)
+                assert isinstance(b.target, DynamicMigTarget)
+                if a.target.placement.overlaps(b.target.placement):
+                    raise ClaimError(f"claim {claim.ref}: MIG devices {a.allocated.device!r} and "
+                                     f"{b.allocated.device!r} overlap on the same GPU")

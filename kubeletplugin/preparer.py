@@ -1,0 +1,91 @@
+"""NodePrepareResources / NodeUnprepareResources: fetch, decode, and hand claims to the driver.
+
+API calls happen before any lock and concurrently for all claims of a call; the device
+work itself runs in a worker thread (NVML and file I/O block) under the driver's own
+serialisation. A claim the checkpoint already holds as prepared is answered from the
+checkpoint without asking the API server, so a kubelet restart during an API outage works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+
+import structlog
+
+from gpudra.driver.claims import ClaimError, PreparedResult
+from gpudra.driver.device_state import DeviceState
+from gpudra.kubeletplugin.claim_decoding import decode_claim
+from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+from gpudra.kubeletplugin.interfaces import ClaimRef, PreparedDeviceResult, PrepareOutcome
+
+log = structlog.get_logger(__name__)
+
+
+def _result(prepared: Sequence[PreparedResult]) -> PrepareOutcome:
+    return PrepareOutcome(devices=tuple(
+        PreparedDeviceResult(
+            request_names=tuple(sorted({n.split("/", 1)[0] for n in d.request_names})),
+            pool=d.pool,
+            device=d.device,
+            cdi_device_ids=d.cdi_device_ids,
+            share_id=d.share_id,
+        )
+        for d in prepared
+    ))
+
+
+class Preparer:
+    """Implements :class:`gpudra.kubeletplugin.interfaces.ClaimPreparer`."""
+
+    def __init__(self, *, driver: str, fetcher: ClaimFetcher, state: DeviceState) -> None:
+        self._driver = driver
+        self._fetcher = fetcher
+        self._state = state
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+        outcomes: dict[str, PrepareOutcome] = {}
+        to_fetch = []
+        for ref in claims:
+            known = await asyncio.to_thread(self._state.prepared, ref.uid)
+            if known is not None:
+                outcomes[ref.uid] = _result(known)
+            else:
+                to_fetch.append(ref)
+        fetched = await self._fetcher.fetch_all([(r.namespace, r.name, r.uid) for r in to_fetch])
+        for ref, raw in zip(to_fetch, fetched, strict=True):
+            outcomes[ref.uid] = await self._prepare_one(ref, raw)
+        return outcomes
+
+    async def _prepare_one(
+        self, ref: ClaimRef, raw: Mapping[str, object] | ClaimError
+    ) -> PrepareOutcome:
+        claim_log = log.bind(claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
+        started = time.perf_counter()
+        try:
+            if isinstance(raw, ClaimError):
+                raise raw
+            claim = decode_claim(raw, namespace=ref.namespace, name=ref.name, uid=ref.uid,
+                                 driver=self._driver)
+            prepared = await asyncio.to_thread(self._state.prepare, claim)
+        except ClaimError as exc:
+            claim_log.warning("prepare failed", error=str(exc))
+            return PrepareOutcome(error=str(exc))
+        claim_log.info("prepared", devices=[d.device for d in prepared],
+                       seconds=round(time.perf_counter() - started, 4))
+        return _result(prepared)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        errors: dict[str, str | None] = {}
+        for ref in claims:
+            claim_log = log.bind(claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
+            try:
+                await asyncio.to_thread(self._state.unprepare, ref.uid)
+            except ClaimError as exc:
+                claim_log.warning("unprepare failed", error=str(exc))
+                errors[ref.uid] = str(exc)
+            else:
+                claim_log.info("unprepared")
+                errors[ref.uid] = None
+        return errors
