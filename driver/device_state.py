@@ -342,7 +342,7 @@ class DeviceState:
             assert device.mig is not None
             edits = self.driver_root.mig_edits(target.parent_minor, device.mig.gpu_instance_id,
                                                device.mig.compute_instance_id)
-        return cdi.CdiDevice(name=cdi.device_name(uid, device.device), edits=edits)
+        return cdi.CdiDevice(name=device.device, edits=edits)
 
     # --- unprepare -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ model against the real placement tables.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -233,16 +234,24 @@ def gpu_counters(parent_minor: int, profiles: Sequence[MigProfile]) -> GpuCounte
       so they never refuse a combination the hardware accepts; they let a claim's counters
       show what the partition takes.
     """
-    counters: dict[str, int] = {name: 0 for name in COUNTER_NAMES}
+    return GpuCounters(counter_set_name(parent_minor), dict(_counter_values(tuple(profiles))))
+
+
+@functools.cache
+def _counter_values(profiles: tuple[MigProfile, ...]) -> tuple[tuple[str, int], ...]:
+    # Every GPU of a model has the same profiles, so this runs once per model.
+    vectors = {id(p): [p.amounts()[name] for name in COUNTER_NAMES] for p in profiles}
+    maxima = [0] * len(COUNTER_NAMES)
     for packing in packings(profiles):
-        for name in COUNTER_NAMES:
-            total = sum(prof.amounts()[name] for prof, _ in packing)
-            counters[name] = max(counters[name], total)
+        for i in range(len(COUNTER_NAMES)):
+            total = sum(vectors[id(prof)][i] for prof, _ in packing)
+            maxima[i] = max(maxima[i], total)
+    counters: dict[str, int] = dict(zip(COUNTER_NAMES, maxima, strict=True))
     for i in range(memory_slice_count(profiles)):
         counters[f"memory-slice-{i}"] = 1
     for prof in _capped_profiles(profiles):
         counters[instance_counter_name(prof)] = prof.instance_count
-    return GpuCounters(counter_set_name(parent_minor), counters)
+    return tuple(counters.items())
 
 
 def consumption(profile: MigProfile, placement: Placement, counters: GpuCounters) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from gpudra.driver.mig import (
     Placement,
     consumption,
@@ -16,7 +17,6 @@ from gpudra.driver.mig import (
     parse_device_name,
     placement_order,
 )
-
 from tests.driver import mig_tables
 
 

@@ -1,0 +1,65 @@
+"""A simulated node with a real DeviceState: sim NVML, checkpoint, CDI root, driver root."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpudra.driver import cdi, sim
+from gpudra.driver.checkpoint import CheckpointStore
+from gpudra.driver.claims import AllocatedDevice, ClaimToPrepare, OpaqueConfig
+from gpudra.driver.device_model import ModelOptions
+from gpudra.driver.device_state import DeviceState
+from gpudra.driver.inventory import read_inventory, simulated_pcie_root
+from gpudra.driver.nvml import Nvml, open_nvml
+from gpudra.driver.prepare_plan import NodeIndex
+from gpudra.driver.sim.driver_root import populate_driver_root
+
+DRIVER = "gpu.nvidia.com"
+POOL = "node-a"
+
+
+@dataclass
+class SimNode:
+    root: Path
+    profile: str
+    nvml: Nvml
+    state: DeviceState
+
+    @property
+    def control(self) -> sim.SimControl:
+        return sim.SimControl(self.root / "sim")
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    def close(self) -> None:
+        self.nvml.shutdown()
+
+
+def start_node(root: Path, profile: str = "dgx-h100", *, boot_id: str = "boot-1") -> SimNode:
+    """Open (or re-open, after a 'crash') the simulated node under ``root``."""
+    nvml = open_nvml(simulate=profile, sim_state=root / "sim")
+    store = CheckpointStore(root / "plugin", boot_id=boot_id)
+    inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
+    driver_root = root / "driver-root"
+    populate_driver_root(driver_root, [g.probe.minor for g in inventory.gpus])
+    state = DeviceState(driver=DRIVER, nvml=nvml, index=NodeIndex.build(POOL, inventory,
+                        ModelOptions()), store=store, cdi_root=root / "cdi",
+                        driver_root=cdi.DriverRoot(driver_root),
+                        set_time_slice=lambda uuid, value: None)
+    state.reconcile()
+    owned = state.owned_mig_uuids()
+    inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
+    state.index = NodeIndex.build(POOL, inventory, ModelOptions(owned_mig_uuids=owned))
+    return SimNode(root, profile, nvml, state)
+
+
+def claim(uid: str, *devices: str, configs: tuple[OpaqueConfig, ...] = (),
+          request: str = "gpu") -> ClaimToPrepare:
+    return ClaimToPrepare(
+        uid=uid, namespace="default", name=f"claim-{uid[:8]}",
+        devices=tuple(AllocatedDevice(request=request, pool=POOL, device=d) for d in devices),
+        configs=configs,
+    )

@@ -1,0 +1,167 @@
+"""Prepare/unprepare on a simulated node: real NVML seam, checkpoint, CDI files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpudra.driver import sim
+from gpudra.driver.claims import ClaimError, OpaqueConfig
+from tests.driver.node_fixture import DRIVER, SimNode, claim, start_node
+
+UID1 = "11111111-1111-4111-8111-111111111111"
+UID2 = "22222222-2222-4222-8222-222222222222"
+GV = "resource.nvidia.com/v1beta1"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[SimNode]:
+    n = start_node(tmp_path)
+    yield n
+    n.close()
+    sim.uninstall()
+
+
+def spec_of(node: SimNode, uid: str) -> dict:
+    return json.loads((node.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
+
+
+def mig_instances(node: SimNode, gpu: int) -> list:
+    return node.control.snapshot()["gpus"][gpu]["gpu_instances"]
+
+
+def test_full_gpu_prepare_writes_cdi_and_is_idempotent(node):
+    result = node.state.prepare(claim(UID1, "gpu-0"))
+    assert [(r.device, r.cdi_device_ids) for r in result] == [
+        ("gpu-0", (f"k8s.{DRIVER}/claim={UID1}-gpu-0",))]
+    spec = spec_of(node, UID1)
+    assert spec["kind"] == f"k8s.{DRIVER}/claim"
+    assert spec["cdiVersion"] == "0.5.0"
+    (device,) = spec["devices"]
+    assert device["name"] == f"{UID1}-gpu-0"
+    paths = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+    assert paths == ["/dev/nvidia0"]
+    assert node.state.prepare(claim(UID1, "gpu-0")) == result
+    node.state.unprepare(UID1)
+    assert not (node.cdi_root / f"k8s.{DRIVER}-claim_{UID1}.json").exists()
+    node.state.unprepare(UID1)  # unknown claim: fine
+
+
+def test_a_device_held_by_another_claim_is_refused(node):
+    node.state.prepare(claim(UID1, "gpu-0"))
+    with pytest.raises(ClaimError, match=r"device 'gpu-0' is already prepared for claim"):
+        node.state.prepare(claim(UID2, "gpu-0"))
+    # a partition of a GPU held whole is refused too
+    with pytest.raises(ClaimError, match="overlaps device 'gpu-0'"):
+        node.state.prepare(claim(UID2, "gpu-0-mig-1g10gb-19-6"))
+    assert mig_instances(node, 0) == []
+
+
+def test_dynamic_mig_prepare_creates_and_unprepare_destroys(node):
+    result = node.state.prepare(claim(UID1, "gpu-0-mig-3g40gb-9-4"))
+    assert result[0].device == "gpu-0-mig-3g40gb-9-4"
+    gpu = node.control.snapshot()["gpus"][0]
+    assert gpu["mig_mode"]["current"] == 1
+    (gi,) = gpu["gpu_instances"]
+    assert (gi["profile_id"], gi["placement"]["start"], gi["placement"]["size"]) == (9, 4, 4)
+    nodes = [n["path"] for n in spec_of(node, UID1)["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes[0] == "/dev/nvidia0" and all(p.startswith("/dev/nvidia-caps/") for p in nodes[1:])
+    node.state.unprepare(UID1)
+    gpu = node.control.snapshot()["gpus"][0]
+    assert gpu["gpu_instances"] == []
+    assert gpu["mig_mode"]["current"] == 0  # Hopper: back to what it was
+
+
+def test_seven_1g_on_one_h100_then_the_full_gpu_is_refused(node):
+    uids = [f"{i:08d}-0000-4000-8000-000000000000" for i in range(7)]
+    for uid, start in zip(uids, range(7), strict=True):
+        node.state.prepare(claim(uid, f"gpu-0-mig-1g10gb-19-{start}"))
+    assert len(mig_instances(node, 0)) == 7
+    with pytest.raises(ClaimError, match="overlaps"):
+        node.state.prepare(claim(UID1, "gpu-0"))
+    for uid in uids:
+        node.state.unprepare(uid)
+    assert node.control.snapshot()["gpus"][0]["mig_mode"]["current"] == 0
+
+
+def test_taken_placement_is_a_clear_error_and_changes_nothing(node):
+    # an admin (not the scheduler) made a 1g MIG device at slice 5 behind the driver's back
+    gpu1 = next(g for g in node.state.index.devices.devices if g.name == "gpu-1")
+    uuid = str(gpu1.attributes["uuid"])
+    node.nvml.set_mig_mode(uuid, True)
+    profiles = {p.profile_id: p for p in node.nvml.mig_profiles(uuid, 81559 << 20)}
+    one_g = profiles[19]
+    node.nvml.create_mig_device(uuid, one_g, next(p for p in one_g.placements if p.start == 5))
+    before = node.control.snapshot()
+    with pytest.raises(ClaimError, match=r"cannot create 3g.40gb at placement 4:4 on GPU "
+                                         r".*the placement is taken"):
+        node.state.prepare(claim(UID2, "gpu-1-mig-3g40gb-9-4"))
+    assert node.control.snapshot()["gpus"] == before["gpus"]
+    assert not (node.cdi_root / f"k8s.{DRIVER}-claim_{UID2}.json").exists()
+
+
+def test_unknown_device_and_wrong_pool(node):
+    with pytest.raises(ClaimError, match="'gpu-9' is not in this node's inventory"):
+        node.state.prepare(claim(UID1, "gpu-9"))
+    bad = claim(UID1, "gpu-0")
+    bad = type(bad)(uid=bad.uid, namespace=bad.namespace, name=bad.name, devices=(
+        type(bad.devices[0])(request="gpu", pool="other-node", device="gpu-0"),))
+    with pytest.raises(ClaimError, match="pool 'other-node', not this node's pool"):
+        node.state.prepare(bad)
+    assert list(node.cdi_root.glob("*")) == []
+
+
+def test_compute_mode_set_and_restored(node):
+    config = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "computeMode": "ExclusiveProcess"})
+    node.state.prepare(claim(UID1, "gpu-2", configs=(config,)))
+    assert node.control.snapshot()["gpus"][2]["compute_mode"] == 3
+    node.state.unprepare(UID1)
+    assert node.control.snapshot()["gpus"][2]["compute_mode"] == 0
+
+
+def test_gpu_config_for_a_mig_device_is_refused(node):
+    config = OpaqueConfig(requests=("gpu",), parameters={"apiVersion": GV, "kind": "GpuConfig"})
+    with pytest.raises(ClaimError, match="is a GpuConfig but request 'gpu' got mig device"):
+        node.state.prepare(claim(UID1, "gpu-0-mig-1g10gb-19-0", configs=(config,)))
+    assert mig_instances(node, 0) == []
+
+
+def test_invalid_opaque_config_names_the_field(node):
+    config = OpaqueConfig(requests=(), position=2, parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "Magic"}})
+    with pytest.raises(ClaimError, match=r"config\[2\]\.opaque\.parameters\.sharing\.strategy"):
+        node.state.prepare(claim(UID1, "gpu-0", configs=(config,)))
+
+
+def test_static_mig_device_prepares_without_creating(tmp_path):
+    node = start_node(tmp_path, "dgx-a100-static-mig")
+    try:
+        before = node.control.snapshot()["gpus"][1]["gpu_instances"]
+        node.state.prepare(claim(UID1, "gpu-1-mig-1g5gb-19-3"))
+        node.state.unprepare(UID1)
+        assert node.control.snapshot()["gpus"][1]["gpu_instances"] == before
+    finally:
+        node.close()
+        sim.uninstall()
+
+
+def test_restart_keeps_prepared_claims_and_mig_devices(tmp_path):
+    node = start_node(tmp_path)
+    first = node.state.prepare(claim(UID1, "gpu-3-mig-2g20gb-14-2"))
+    node.close()
+    sim.uninstall()
+    node = start_node(tmp_path)
+    try:
+        assert len(mig_instances(node, 3)) == 1  # reconcile kept the owned instance
+        assert node.state.prepare(claim(UID1, "gpu-3-mig-2g20gb-14-2")) == first
+        # the published device model still treats gpu-3 as dynamic (not static MIG)
+        names = {d.name for d in node.state.index.devices.devices}
+        assert "gpu-3" in names and "gpu-3-mig-1g10gb-19-0" in names
+        node.state.unprepare(UID1)
+    finally:
+        node.close()
+        sim.uninstall()
