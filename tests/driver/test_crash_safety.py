@@ -1,0 +1,86 @@
+"""Kill the driver hard at every crash point; after a restart nothing leaks or sticks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudra.driver import sim
+from gpudra.driver.checkpoint import CheckpointStore
+from gpudra.driver.faults import CRASH_EXIT_CODE, ENV, POINTS
+from tests.driver.node_fixture import DRIVER, claim, start_node
+
+ROOT = Path(__file__).resolve().parents[2]
+UID = "33333333-3333-4333-8333-333333333333"
+DEVICES = ("gpu-0-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-6", "gpu-2")
+
+
+def run_worker(root: Path, action: str, crash_at: str | None) -> int:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(ENV, None)
+    if crash_at:
+        env[ENV] = crash_at
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.driver.crash_worker", str(root), action, UID, *DEVICES],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode not in (0, CRASH_EXIT_CODE):
+        raise AssertionError(done.stderr)
+    return done.returncode
+
+
+def assert_converged(root: Path, *, prepared: bool) -> None:
+    """Restart (reconcile) and check the node is exactly 'prepared' or 'clean'."""
+    node = start_node(root)
+    try:
+        cp = CheckpointStore(root / "plugin", boot_id="boot-1").load()  # loads: not corrupt
+        snapshot = node.control.snapshot()["gpus"]
+        specs = sorted(p.name for p in (root / "cdi").glob("*")) if (root / "cdi").exists() else []
+        if prepared:
+            assert set(cp.completed()) == {UID} and not cp.started()
+            assert [len(snapshot[i]["gpu_instances"]) for i in (0, 1, 2)] == [1, 1, 0]
+            assert specs == [f"k8s.{DRIVER}-claim_{UID}.json"]
+        else:
+            assert cp.claims == {}
+            assert [g["gpu_instances"] for g in snapshot] == [[]] * len(snapshot)
+            assert [g["mig_mode"]["current"] for g in snapshot] == [0] * len(snapshot)
+            assert specs == []
+            assert all(g["compute_mode"] == 0 for g in snapshot)
+        # and the claim can be prepared (again) with the same answer as a fresh node gives
+        result = node.state.prepare(claim(UID, *DEVICES))
+        assert [r.device for r in result] == list(DEVICES)
+        node.state.unprepare(UID)
+        assert all(g["gpu_instances"] == [] for g in node.control.snapshot()["gpus"])
+    finally:
+        node.close()
+        sim.uninstall()
+
+
+PREPARE_POINTS = [p for p in POINTS if p.startswith("prepare:")]
+UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")]
+
+
+@pytest.mark.parametrize("point", PREPARE_POINTS)
+def test_crash_during_prepare_rolls_back(point, tmp_path):
+    assert run_worker(tmp_path, "prepare", point) == CRASH_EXIT_CODE
+    # before the restart the half-made state really is there (the crash was real)
+    cp = CheckpointStore(tmp_path / "plugin", boot_id="boot-1").load()
+    assert set(cp.started()) == {UID}
+    assert_converged(tmp_path, prepared=False)
+
+
+@pytest.mark.parametrize("point", UNPREPARE_POINTS)
+def test_crash_during_unprepare_finishes_on_retry(point, tmp_path):
+    assert run_worker(tmp_path, "prepare", None) == 0
+    assert run_worker(tmp_path, "unprepare", point) == CRASH_EXIT_CODE
+    # the kubelet retries the unprepare; it must complete from the checkpoint alone
+    assert run_worker(tmp_path, "unprepare", None) == 0
+    assert_converged(tmp_path, prepared=False)
+
+
+def test_no_crash_leaves_a_prepared_claim(tmp_path):
+    assert run_worker(tmp_path, "prepare", None) == 0
+    assert_converged(tmp_path, prepared=True)
