@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from gpudra.driver.metrics import CHECKPOINT_WRITE_SECONDS
 from gpudra.driver.mig import parse_device_name
 
 KIND = "GpudraCheckpoint"
@@ -594,9 +595,11 @@ class CheckpointStore:
     def save(self, cp: Checkpoint) -> None:
         """Replace the file atomically and durably: old or new content survives any crash."""
         content = encode(cp)
+        started = time.perf_counter()
         with self.locked():
             self._remove_stale_temps()
             atomic_write(self.path, content, tmp=self.directory / f"{FILE_NAME}.tmp-{os.getpid()}")
+        CHECKPOINT_WRITE_SECONDS.observe(time.perf_counter() - started)
 
     def update(self, fn: Callable[[Checkpoint], Checkpoint], timeout: float = 10.0) -> Checkpoint:
         """Lock, load, apply ``fn``, save; returns what was saved."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 import structlog
 
 from gpudra.api.configs import TIME_SLICE_VALUES, GpuConfig, MigDeviceConfig
-from gpudra.driver import cdi
+from gpudra.driver import cdi, metrics
 from gpudra.driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -229,6 +230,7 @@ class DeviceState:
         ]
         cp = with_claim_completed(cp, claim.uid, qualified)
         self.store.save(cp)
+        metrics.PREPARED_CLAIMS.set(len(cp.completed()))
         return [self._result(d) for d in qualified]
 
     def _planned_device(self, step: DeviceStep) -> PreparedDevice:
@@ -296,7 +298,15 @@ class DeviceState:
                     "are running on it; Ampere GPUs can only switch MIG mode when idle")
             self.nvml.set_mig_mode(target.parent_uuid, True)
             log.info("enabled MIG mode", gpu=target.parent_uuid, claim=claim.ref)
-        instance = self.nvml.create_mig_device(target.parent_uuid, target.profile, target.placement)
+        started = time.perf_counter()
+        try:
+            instance = self.nvml.create_mig_device(target.parent_uuid, target.profile,
+                                                   target.placement)
+        except NvmlError:
+            metrics.MIG_OPERATIONS.labels("create", "error").inc()
+            raise
+        metrics.MIG_OPERATIONS.labels("create", "ok").inc()
+        metrics.MIG_OPERATION_SECONDS.labels("create").observe(time.perf_counter() - started)
         log.info("created MIG device", claim=claim.ref, gpu=target.parent_uuid,
                  profile=target.profile.name, placement=target.placement.start, uuid=instance.uuid)
         return instance
@@ -359,7 +369,9 @@ class DeviceState:
             except (NvmlError, OSError) as exc:
                 raise ClaimError(f"claim {record.namespace}/{record.name}:{uid}: unprepare "
                                  f"failed, will retry: {exc}") from exc
-            self.store.save(without_claim(self.store.load(), uid))
+            cp = without_claim(self.store.load(), uid)
+            self.store.save(cp)
+            metrics.PREPARED_CLAIMS.set(len(cp.completed()))
 
     def _undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
         """Restore settings, destroy MIG devices we created, remove the CDI spec."""
@@ -410,7 +422,10 @@ class DeviceState:
             if live is None:
                 return
             gi, ci = live.gpu_instance_id, live.compute_instance_id
+        started = time.perf_counter()
         if self.nvml.destroy_mig_device(mig.parent_uuid, gi, ci):
+            metrics.MIG_OPERATIONS.labels("destroy", "ok").inc()
+            metrics.MIG_OPERATION_SECONDS.labels("destroy").observe(time.perf_counter() - started)
             log.info("destroyed MIG device", gpu=mig.parent_uuid, gpu_instance=gi,
                      compute_instance=ci)
 

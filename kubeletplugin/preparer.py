@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
+from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, PreparedResult
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
@@ -71,21 +72,26 @@ class Preparer:
             prepared = await asyncio.to_thread(self._state.prepare, claim)
         except ClaimError as exc:
             claim_log.warning("prepare failed", error=str(exc))
+            metrics.PREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
             return PrepareOutcome(error=str(exc))
-        claim_log.info("prepared", devices=[d.device for d in prepared],
-                       seconds=round(time.perf_counter() - started, 4))
+        elapsed = time.perf_counter() - started
+        metrics.PREPARE_SECONDS.observe(elapsed)
+        claim_log.info("prepared", devices=[d.device for d in prepared], seconds=round(elapsed, 4))
         return _result(prepared)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
         errors: dict[str, str | None] = {}
         for ref in claims:
             claim_log = log.bind(claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
+            started = time.perf_counter()
             try:
                 await asyncio.to_thread(self._state.unprepare, ref.uid)
             except ClaimError as exc:
                 claim_log.warning("unprepare failed", error=str(exc))
+                metrics.UNPREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
                 errors[ref.uid] = str(exc)
             else:
+                metrics.UNPREPARE_SECONDS.observe(time.perf_counter() - started)
                 claim_log.info("unprepared")
                 errors[ref.uid] = None
         return errors
