@@ -433,11 +433,39 @@ class Nvml:
         return True
 
 
-def open_nvml(*, simulate: str | None = None, sim_state: Path | None = None) -> Nvml:
+# Where distributions and the GPU operator's driver container put libnvidia-ml.
+_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib",
+                 "lib64", "lib")
+
+
+def _load_from_driver_root(driver_root: Path) -> None:
+    """Point pynvml at the driver root's ``libnvidia-ml.so.1`` (a containerised daemon sees
+    the host driver under a mount, not on its own library path)."""
+    for folder in _LIBRARY_DIRS:
+        candidate = driver_root / folder / "libnvidia-ml.so.1"
+        if candidate.exists():
+            try:
+                library = ctypes.CDLL(str(candidate))
+            except OSError as exc:
+                raise NvmlUnavailable(f"cannot load {candidate}: {exc}") from exc
+            with pynvml.libLoadLock:
+                pynvml.nvmlLib = library
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+            return
+    # Not found under the root: fall back to the loader's search path (driver root "/").
+
+
+def open_nvml(
+    *, simulate: str | None = None, sim_state: Path | None = None,
+    driver_root: Path | None = None,
+) -> Nvml:
     """Initialise NVML (real, or the simulated node ``simulate`` with state in ``sim_state``).
 
+    With a real driver, ``driver_root`` (when not ``/``) is searched for the library first.
     Raises :class:`NvmlUnavailable` with a one-line reason when there is no driver.
     """
+    if simulate is None and driver_root is not None and driver_root != Path("/"):
+        _load_from_driver_root(driver_root)
     if simulate is not None:
         if sim_state is None:
             raise ValueError("a simulated node needs a state directory (sim_state)")

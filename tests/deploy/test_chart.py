@@ -1,0 +1,753 @@
+"""The Helm chart, rendered by Helm's own Go engine and checked against Kubernetes' schemas.
+
+helm-python-sdk binds Helm's Go library (no helm binary), so these renders run the same
+template engine, values coalescing and values.schema.json check as ``helm install``. Every
+rendered object is validated with kubernetes-validate against the newest Kubernetes schema it
+ships, in strict mode (unknown fields are errors). The ValidatingAdmissionPolicy's CEL is
+evaluated with cel-python against the requests it must allow and refuse.
+
+Each values combination renders once per session (renders are cached by values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip(
+    "helm_python", reason="helm-python-sdk (dev extra) renders the chart with Helm's engine")
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate (dev extra) holds the Kubernetes schemas")
+celpy = pytest.importorskip("celpy", reason="cel-python evaluates the admission policy")
+jsonschema = pytest.importorskip("jsonschema", reason="installed with kubernetes-validate")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpudra"
+DEVICECLASS_FILES = ROOT / "deploy" / "deviceclasses"
+NAMESPACE = "gpudra-system"
+RELEASE = "gpudra"
+SCHEMA_VERSION = kubernetes_validate.latest_version()
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "DeviceClass",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+# ServiceMonitor is a Prometheus Operator CRD, for which kubernetes-validate ships no schema:
+# it is held to this strict subset of the CRD's schema (the fields the chart writes).
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object", "additionalProperties": False, "required": ["name", "namespace"],
+            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
+                           "labels": {"type": "object",
+                                      "additionalProperties": {"type": "string"}}}},
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": {"type": "object", "additionalProperties": False,
+                             "properties": {"matchLabels": {"type": "object"}}},
+                "namespaceSelector": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"any": {"type": "boolean"},
+                                   "matchNames": {"type": "array",
+                                                  "items": {"type": "string"}}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "port": {"type": "string"}, "path": {"type": "string"},
+                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        "relabelings": {"type": "array", "items": {
+                            "type": "object", "additionalProperties": False,
+                            "properties": {"sourceLabels": {"type": "array"},
+                                           "targetLabel": {"type": "string"}}}}}}},
+            }},
+    },
+}
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+@functools.cache
+def _render(values_json: str, namespace: str, release: str) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(json.loads(values_json), name=release, namespace=namespace)
+
+
+def render(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE,
+           release: str = RELEASE) -> dict[str, str]:
+    """Template path -> rendered text, for ``helm install <release> -n <namespace>``."""
+    return _render(json.dumps(values or {}, sort_keys=True), namespace, release)
+
+
+def objects(values: dict[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    manifests = render(values, **kwargs)
+    return [doc for path, text in sorted(manifests.items()) if not path.endswith("NOTES.txt")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def notes(values: dict[str, Any] | None = None, **kwargs: Any) -> str:
+    return render(values, **kwargs)[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def render_error(values: dict[str, Any] | None = None, **kwargs: Any) -> str:
+    with pytest.raises(helm.HelmError) as failure:
+        render(values, **kwargs)
+    return str(failure.value)
+
+
+def of_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [obj for obj in objs if obj["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = of_kind(objs, kind)
+    assert len(found) == 1, f"want one {kind}, got {len(found)}"
+    return found[0]
+
+
+def daemon(values: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """The node daemon's pod spec."""
+    spec: dict[str, Any] = one(objects(values, **kwargs), "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def container(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    (only,) = daemon(values)["containers"]
+    return only
+
+
+def validate(obj: dict[str, Any]) -> None:
+    if obj["kind"] == "ServiceMonitor":
+        jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+        return
+    kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+
+
+# --- every combination renders to valid objects ---------------------------------------------
+
+SIMULATE = {"simulate": {"profile": "dgx-a100"}}
+VAP_OFF = {"validatingAdmissionPolicy": {"enabled": False}}
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "simulate": SIMULATE,
+    "vap-off": VAP_OFF,
+    "simulate-vap-off": {**SIMULATE, **VAP_OFF},
+    "extended-resource": {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}},
+    "custom-driver": {"driverName": "gpu.example.com",
+                      "deviceClasses": {"gpu": {"name": "gpu.example.com"},
+                                        "mig": {"name": "mig.example.com"}}},
+    "feature-gates": {"featureGates": {"DynamicMIG": False, "MPSSupport": True}},
+    "metrics-service-off": {"metrics": {"service": {"enabled": False}}},
+    "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True,
+                                                       "labels": {"release": "prom"}}}},
+    "no-deviceclasses": {"deviceClasses": {"gpu": {"enabled": False},
+                                           "mig": {"enabled": False}}},
+    "existing-serviceaccount": {"serviceAccount": {"create": False, "name": "gpu-daemon"}},
+    "operator-driver-root": {"driverRoot": "/run/nvidia/driver",
+                             "kubeletPlugin": {"gpuNodeAffinity": False,
+                                               "nodeSelector": {"gpu": "yes"}}},
+    "everything": {**SIMULATE, "driverName": "gpu.example.com",
+                   "featureGates": {"TimeSlicingSettings": False},
+                   "deviceClasses": {"gpu": {"name": "gpu.example.com",
+                                             "extendedResourceName": "example.com/gpu"},
+                                     "mig": {"name": "mig.example.com",
+                                             "extendedResourceName": "example.com/mig"}},
+                   "metrics": {"port": 9400, "serviceMonitor": {"enabled": True}},
+                   "image": {"tag": "dev"}, "logLevel": "debug", "logFormat": "console"},
+}
+
+
+def _expected_kinds(values: dict[str, Any]) -> set[str]:
+    kinds = {"DaemonSet", "ClusterRole", "ClusterRoleBinding", "Service"}
+    if values.get("serviceAccount", {}).get("create", True):
+        kinds.add("ServiceAccount")
+    if values.get("validatingAdmissionPolicy", {}).get("enabled", True):
+        kinds |= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    metrics = values.get("metrics", {})
+    if metrics.get("serviceMonitor", {}).get("enabled"):
+        kinds.add("ServiceMonitor")
+    elif not metrics.get("service", {}).get("enabled", True):
+        kinds.discard("Service")
+    classes = values.get("deviceClasses", {})
+    if any(classes.get(key, {}).get("enabled", True) for key in ("gpu", "mig")):
+        kinds.add("DeviceClass")
+    return kinds
+
+
+def test_schemas_are_the_newest_kubernetes_validate_ships():
+    from packaging.version import Version
+
+    assert Version(SCHEMA_VERSION) >= Version("1.37"), SCHEMA_VERSION
+
+
+def test_the_validator_is_strict():
+    """A field Kubernetes does not know must fail, or the validation below proves little."""
+    bad = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+           "metadata": {"name": "x"}, "spec": {"selector": []}}
+    with pytest.raises(kubernetes_validate.ValidationError, match="selector"):
+        validate(bad)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_object_is_valid_kubernetes(scenario):
+    values = SCENARIOS[scenario]
+    objs = objects(values)
+    for obj in objs:
+        validate(obj)
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+        else:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+    assert {obj["kind"] for obj in objs} == _expected_kinds(values)
+    names = [(obj["kind"], obj["metadata"]["name"]) for obj in objs]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("scenario", ["default", "simulate", "everything"])
+def test_helm_lint_is_clean(scenario):
+    report = helm.lint(CHART, SCENARIOS[scenario], strict=True, namespace=NAMESPACE,
+                       kube_version=f"v{SCHEMA_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert not report["errors"] and not problems, report
+
+
+def test_chart_metadata():
+    with helm.Chart.load(CHART) as chart:
+        meta = chart.metadata
+    assert meta["name"] == "gpudra"
+    assert meta["kubeVersion"] == ">=1.34.0-0"
+    assert meta["apiVersion"] == "v2"
+
+
+# --- the node daemon ------------------------------------------------------------------------
+
+DEFAULT_ARGS = [
+    "node",
+    "--node-name=$(NODE_NAME)",
+    "--pod-uid=$(POD_UID)",
+    "--driver-name=gpu.nvidia.com",
+    "--registrar-dir=/var/lib/kubelet/plugins_registry",
+    "--plugins-dir=/var/lib/kubelet/plugins",
+    "--cdi-root=/var/run/cdi",
+    "--driver-root=/driver-root",
+    "--host-driver-root=/",
+    "--log-format=json",
+    "--log-level=info",
+    "--http-address=0.0.0.0:8080",
+]
+
+
+def test_daemon_command_and_flags():
+    c = container()
+    assert c["command"] == ["gpudra"]
+    assert c["args"] == DEFAULT_ARGS
+    assert c["image"] == f"ghcr.io/gpudra/gpudra:{APP_VERSION}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid"}
+
+
+def test_simulation_adds_profile_and_state_under_the_plugin_dir():
+    """No driver-root flags: the daemon writes a generated driver root of its own when
+    simulating, which must not be the (read-only) host driver root."""
+    args = container(SIMULATE)["args"]
+    real_root = ["--driver-root=/driver-root", "--host-driver-root=/"]
+    assert args == [*(a for a in DEFAULT_ARGS if a not in real_root), "--simulate=dgx-a100",
+                    "--sim-state=/var/lib/kubelet/plugins/gpu.nvidia.com/sim"]
+
+
+def test_values_reach_the_flags():
+    args = container(SCENARIOS["everything"])["args"]
+    assert "--driver-name=gpu.example.com" in args
+    assert "--feature-gates=TimeSlicingSettings=false" in args
+    assert "--log-level=debug" in args and "--log-format=console" in args
+    assert "--http-address=0.0.0.0:9400" in args
+    assert "--sim-state=/var/lib/kubelet/plugins/gpu.example.com/sim" in args
+    assert container(SCENARIOS["everything"])["image"] == "ghcr.io/gpudra/gpudra:dev"
+    assert "--host-driver-root=/run/nvidia/driver" in container(
+        SCENARIOS["operator-driver-root"])["args"]
+
+
+def test_feature_gates_render_sorted_and_only_when_set():
+    assert "--feature-gates=DynamicMIG=false,MPSSupport=true" in container(
+        SCENARIOS["feature-gates"])["args"]
+    assert not any(a.startswith("--feature-gates") for a in container()["args"])
+
+
+def _daemon_args(scenario: str) -> argparse.Namespace:
+    """The rendered args as ``gpudra node`` parses them (the kubelet expands $(VAR))."""
+    try:
+        from gpudra.cli.main import build_parser
+    except ImportError as exc:  # the CLI is being built in parallel; say so, never pass
+        pytest.skip(f"gpudra's CLI does not import in this checkout: {exc}")
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if "node" not in commands.choices:
+        pytest.skip("this checkout has no `gpudra node` subcommand yet")
+    args = [a.replace("$(NODE_NAME)", "node-1").replace(
+        "$(POD_UID)", "0b7f3c52-5f0e-4c0e-9a55-6c1d3b2a1f00")
+        for a in container(SCENARIOS[scenario])["args"]]
+    try:
+        return parser.parse_args(args)
+    except SystemExit:
+        pytest.fail(f"gpudra node refuses the chart's args ({scenario}): {args}")
+
+
+@pytest.mark.parametrize("scenario", ["default", "simulate", "everything", "feature-gates"])
+def test_rendered_flags_parse_with_the_daemons_own_parser(scenario):
+    """The chart and ``gpudra node`` must agree on every flag name and value."""
+    args = _daemon_args(scenario)
+    assert args.command == "node" and args.node_name == "node-1" and args.pod_uid
+    assert args.http_address.startswith("0.0.0.0:")  # probes come from the kubelet, not lo
+    if SCENARIOS[scenario].get("simulate"):
+        assert args.driver_root is None and args.host_driver_root is None
+        assert args.simulate == "dgx-a100"
+        assert Path(args.sim_state) == Path(args.plugins_dir) / args.driver_name / "sim"
+    else:
+        assert Path(args.driver_root) == Path("/driver-root")
+        assert args.simulate is None
+
+
+def test_host_mounts():
+    spec = daemon()
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["plugins-registry"] == {"name": "plugins-registry",
+                                          "mountPath": "/var/lib/kubelet/plugins_registry"}
+    assert mounts["plugins"] == {"name": "plugins", "mountPath": "/var/lib/kubelet/plugins",
+                                 "mountPropagation": "Bidirectional"}
+    assert mounts["cdi"] == {"name": "cdi", "mountPath": "/var/run/cdi"}
+    assert mounts["driver-root"] == {"name": "driver-root", "mountPath": "/driver-root",
+                                     "readOnly": True, "mountPropagation": "HostToContainer"}
+    assert volumes["plugins-registry"]["hostPath"] == {
+        "path": "/var/lib/kubelet/plugins_registry", "type": "Directory"}
+    assert volumes["plugins"]["hostPath"] == {"path": "/var/lib/kubelet/plugins",
+                                              "type": "Directory"}
+    assert volumes["cdi"]["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+    assert volumes["driver-root"]["hostPath"] == {"path": "/", "type": "Directory"}
+    assert "emptyDir" in volumes["tmp"]
+    assert set(mounts) == set(volumes)
+    simulated = daemon(SIMULATE)
+    assert "driver-root" not in {v["name"] for v in simulated["volumes"]}
+    assert "driver-root" not in {m["name"] for m in simulated["containers"][0]["volumeMounts"]}
+    operator = daemon(SCENARIOS["operator-driver-root"])
+    assert {v["name"]: v for v in operator["volumes"]}["driver-root"]["hostPath"]["path"] == \
+        "/run/nvidia/driver"
+
+
+def test_rollout_priority_and_probes():
+    ds = one(objects(), "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["serviceAccountName"] == "gpudra"
+    assert "hostNetwork" not in spec  # old and new pod must both bind the metrics port
+    c = spec["containers"][0]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_privileged_on_real_gpus():
+    c = container()
+    assert c["securityContext"] == {"privileged": True, "runAsUser": 0, "runAsGroup": 0,
+                                    "runAsNonRoot": False}
+
+
+def test_locked_down_when_simulating():
+    c = container(SIMULATE)
+    assert c["securityContext"] == {
+        "privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]}, "runAsUser": 0, "runAsGroup": 0,
+        "runAsNonRoot": False, "seccompProfile": {"type": "RuntimeDefault"}}
+    # The apiserver allows Bidirectional propagation only in privileged containers.
+    plugins = {m["name"]: m for m in c["volumeMounts"]}["plugins"]
+    assert "mountPropagation" not in plugins
+
+
+def test_security_context_override_replaces_the_default():
+    override = {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}
+    c = container({**SIMULATE, "kubeletPlugin": {"securityContext": override}})
+    assert c["securityContext"] == override
+    assert {m["name"]: m for m in c["volumeMounts"]}["plugins"]["mountPropagation"] == \
+        "Bidirectional"
+
+
+GPU_NODE_TERMS = [
+    {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present",
+                           "operator": "In", "values": ["true"]}]},
+    {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In",
+                           "values": ["true"]}]},
+]
+
+
+def _terms(spec: dict[str, Any]) -> Any:
+    return spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+
+
+def test_scheduling_targets_gpu_nodes_by_default():
+    spec = daemon()
+    assert _terms(spec) == GPU_NODE_TERMS
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                    "effect": "NoSchedule"}]
+    assert "nodeSelector" not in spec
+
+
+def test_scheduling_overrides():
+    assert "affinity" not in daemon(SIMULATE)
+    assert _terms(daemon({**SIMULATE, "kubeletPlugin": {"gpuNodeAffinity": True}})) == \
+        GPU_NODE_TERMS
+    operator = daemon(SCENARIOS["operator-driver-root"])
+    assert "affinity" not in operator and operator["nodeSelector"] == {"gpu": "yes"}
+    custom = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}}
+    assert daemon({"kubeletPlugin": {"affinity": custom}})["affinity"] == custom
+    assert daemon({"kubeletPlugin": {"tolerations": []}}).get("tolerations") is None
+
+
+# --- RBAC -----------------------------------------------------------------------------------
+
+def _rules(driver: str) -> list[dict[str, Any]]:
+    return [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+         "verbs": ["update", "patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "resourceNames": [driver], "verbs": ["associated-node:update", "associated-node:patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete",
+                   "deletecollection"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
+
+
+def test_cluster_role_is_exactly_what_the_daemon_needs():
+    assert one(objects(), "ClusterRole")["rules"] == _rules("gpu.nvidia.com")
+    assert one(objects(SCENARIOS["custom-driver"]), "ClusterRole")["rules"] == \
+        _rules("gpu.example.com")
+
+
+def test_binding_names_the_daemons_service_account():
+    objs = objects()
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": one(objs, "ClusterRole")["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpudra",
+                                    "namespace": NAMESPACE}]
+    existing = objects(SCENARIOS["existing-serviceaccount"])
+    assert one(existing, "ClusterRoleBinding")["subjects"][0]["name"] == "gpu-daemon"
+    assert one(existing, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == \
+        "gpu-daemon"
+
+
+def test_service_account_annotations():
+    sa = one(objects({"serviceAccount": {"annotations": {"a": "b"}}}), "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {"a": "b"}
+
+
+# --- the admission policy -------------------------------------------------------------------
+
+def _eval(expression: str, activation: dict[str, Any]) -> Any:
+    env = celpy.Environment()
+    result = env.program(env.compile(expression)).evaluate(activation)
+    assert not isinstance(result, celpy.CELEvalError), f"{expression}: {result}"
+    return result
+
+
+def admit(policy: dict[str, Any], *, operation: str, node: str | None = None,
+          username: str = f"system:serviceaccount:{NAMESPACE}:gpudra",
+          obj: dict[str, Any] | None = None, old: dict[str, Any] | None = None,
+          ) -> tuple[bool, str]:
+    """What the API server decides for this request: (allowed, message)."""
+    user: dict[str, Any] = {"username": username}
+    if node is not None:
+        user["extra"] = {NODE_NAME_KEY: [node]}
+    activation = {"request": celpy.json_to_cel({"operation": operation, "userInfo": user}),
+                  "object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old)}
+    spec = policy["spec"]
+    if not all(_eval(c["expression"], activation) for c in spec["matchConditions"]):
+        return True, "not matched"
+    variables: dict[str, Any] = {}
+    for variable in spec["variables"]:
+        variables[variable["name"]] = _eval(
+            variable["expression"], {**activation, "variables": celpy.json_to_cel(variables)})
+    activation["variables"] = celpy.json_to_cel(variables)
+    for rule in spec["validations"]:
+        if not _eval(rule["expression"], activation):
+            message = rule.get("message") or _eval(rule["messageExpression"], activation)
+            return False, str(message)
+    return True, ""
+
+
+def _slice(node: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": "gpu.nvidia.com", "pool": {"name": node or "x"}}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"spec": spec}
+
+
+@pytest.mark.parametrize(("operation", "node", "new", "old", "allowed"), [
+    ("CREATE", "n1", "n1", None, True),
+    ("CREATE", "n1", "n2", None, False),
+    ("UPDATE", "n1", "n1", "n1", True),
+    ("UPDATE", "n1", "n2", "n2", False),
+    ("UPDATE", "n1", "n1", "n2", False),  # taking over another node's slice
+    ("UPDATE", "n1", "n2", "n1", False),  # handing one's slice to another node
+    ("DELETE", "n1", None, "n1", True),
+    ("DELETE", "n1", None, "n2", False),
+    ("CREATE", None, "n1", None, False),  # a token not bound to a pod on a node
+])
+def test_policy_confines_the_daemon_to_its_node(operation, node, new, old, allowed):
+    policy = one(objects(), "ValidatingAdmissionPolicy")
+    obj = None if operation == "DELETE" else _slice(new)
+    old_obj = None if operation == "CREATE" else _slice(old)
+    verdict, message = admit(policy, operation=operation, node=node, obj=obj, old=old_obj)
+    assert verdict is allowed, message
+    if not allowed and node is not None:
+        assert f"node {node}" in message and "n2" in message
+
+
+def test_policy_refuses_slices_without_a_node():
+    policy = one(objects(), "ValidatingAdmissionPolicy")
+    allowed, message = admit(policy, operation="CREATE", node="n1", obj=_slice(None))
+    assert not allowed and "without spec.nodeName" in message
+
+
+@pytest.mark.parametrize("username", [
+    "system:node:n1",  # the kubelet wiping a node's slices
+    "kubernetes-admin",
+    "system:serviceaccount:other-namespace:gpudra",
+])
+def test_policy_leaves_other_users_alone(username):
+    policy = one(objects(), "ValidatingAdmissionPolicy")
+    assert admit(policy, operation="DELETE", username=username, old=_slice("n2"))[0]
+
+
+def test_policy_follows_namespace_and_service_account():
+    objs = objects(SCENARIOS["existing-serviceaccount"], namespace="gpu-ops")
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    assert admit(policy, operation="CREATE", node="n1", obj=_slice("n2"),
+                 username="system:serviceaccount:gpu-ops:gpu-daemon")[0] is False
+    assert admit(policy, operation="CREATE", node="n1", obj=_slice("n2"))[0] is True
+
+
+def test_policy_matches_slice_writes_and_is_bound():
+    objs = objects()
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+        "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}]
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
+
+
+# --- DeviceClasses --------------------------------------------------------------------------
+
+def _without_labels(obj: dict[str, Any]) -> dict[str, Any]:
+    return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "labels"}}
+
+
+def test_device_classes_equal_the_plain_yaml():
+    rendered = sorted((_without_labels(o) for o in of_kind(objects(), "DeviceClass")),
+                      key=lambda o: o["metadata"]["name"])
+    shipped = [yaml.safe_load(path.read_text())
+               for path in sorted(DEVICECLASS_FILES.glob("*.yaml"))]
+    assert [o["metadata"]["name"] for o in shipped] == ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert rendered == shipped
+
+
+def test_device_classes_follow_the_driver_name():
+    classes = {o["metadata"]["name"]: o["spec"] for o in
+               of_kind(objects(SCENARIOS["custom-driver"]), "DeviceClass")}
+    assert classes == {
+        "gpu.example.com": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.example.com' && "
+            "device.attributes['gpu.example.com'].type == 'gpu'"}}]},
+        "mig.example.com": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.example.com' && "
+            "device.attributes['gpu.example.com'].type == 'mig'"}}]},
+    }
+
+
+def test_extended_resource_name():
+    classes = {o["metadata"]["name"]: o["spec"] for o in
+               of_kind(objects(SCENARIOS["extended-resource"]), "DeviceClass")}
+    assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["mig.nvidia.com"]
+    assert "nvidia.com/gpu: 1" in notes(SCENARIOS["extended-resource"])
+
+
+def test_device_class_toggles():
+    only_gpu = objects({"deviceClasses": {"mig": {"enabled": False}}})
+    assert [o["metadata"]["name"] for o in of_kind(only_gpu, "DeviceClass")] == ["gpu.nvidia.com"]
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"deviceClasses": {"gpu": {"extendedResourceName": "gpu"}}}, "want <domain>/<name>"),
+    ({"deviceClasses": {"gpu": {"extendedResourceName": "kubernetes.io/gpu"}}}, "reserved"),
+    ({"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"},
+                        "mig": {"extendedResourceName": "nvidia.com/gpu"}}}, "already used"),
+])
+def test_bad_extended_resource_names_are_refused(values, complaint):
+    error = render_error(values)
+    assert complaint in error and "extendedResourceName" in error
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+def test_metrics_service_selects_the_daemon_pods():
+    objs = objects()
+    service = one(objs, "Service")
+    pod_labels = one(objs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080,
+                                         "targetPort": "metrics", "protocol": "TCP"}]
+    assert not of_kind(objects(SCENARIOS["metrics-service-off"]), "Service")
+
+
+def test_service_monitor_scrapes_the_metrics_service():
+    objs = objects(SCENARIOS["service-monitor"])
+    monitor, service = one(objs, "ServiceMonitor"), one(objs, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    # A ServiceMonitor needs the Service even when the Service alone was switched off.
+    both = {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}
+    assert one(objects(both), "Service")
+
+
+# --- namespace and values checks ------------------------------------------------------------
+
+def test_custom_namespace_reaches_every_namespaced_object():
+    objs = objects(namespace="gpu-ops")
+    for obj in objs:
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert obj["metadata"]["namespace"] == "gpu-ops", obj["kind"]
+    assert one(objs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "gpu-ops"
+    assert "system:serviceaccount:gpu-ops:gpudra" in \
+        one(objs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
+
+
+def test_default_namespace_is_refused_unless_allowed():
+    error = render_error(namespace="default")
+    assert '"default" namespace' in error and "allowDefaultNamespace" in error
+    objs = objects({"allowDefaultNamespace": True}, namespace="default")
+    assert one(objs, "DaemonSet")["metadata"]["namespace"] == "default"
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"driverName": "GPU_Driver"}, "driverName"),
+    ({"driverName": "a" * 64}, "driverName"),
+    ({"serviceAccount": {"create": False}}, "serviceAccount.name"),
+    ({"kubeletPlugin": {"gpuNodeAffinity": "sometimes"}}, "gpuNodeAffinity"),
+    ({"featureGates": {"DynamicMIG": "yes"}}, "featureGates/DynamicMIG"),
+    ({"logFormat": "xml"}, "logFormat"),
+    ({"simulate": {"profil": "dgx-a100"}}, "profil"),
+    ({"driverNmae": "gpu.example.com"}, "driverNmae"),
+    ({"metrics": {"port": 0}}, "metrics/port"),
+])
+def test_bad_values_fail_with_the_value_named(values, complaint):
+    assert complaint in render_error(values)
+
+
+# --- NOTES.txt ------------------------------------------------------------------------------
+
+def _smoke_test(text: str) -> list[dict[str, Any]]:
+    match = re.search(r"^kubectl apply -f - <<'EOF'\n(.*?)^EOF$", text, re.S | re.M)
+    assert match, text
+    return [doc for doc in yaml.safe_load_all(match.group(1)) if doc]
+
+
+def test_notes_tell_the_admin_how_to_check():
+    text = notes()
+    assert f"kubectl get pods -n {NAMESPACE} -l app.kubernetes.io/instance={RELEASE}," in text
+    assert "kubectl get resourceslices --field-selector spec.driver=gpu.nvidia.com" in text
+    assert "kubectl get deviceclasses" in text
+    assert "examples/" in text
+    assert "pci-10de.present" in text  # why there may be no pods
+    custom = notes(SCENARIOS["custom-driver"], namespace="gpu-ops")
+    assert "--field-selector spec.driver=gpu.example.com" in custom
+    assert "kubectl get pods -n gpu-ops" in custom
+
+
+def test_notes_smoke_test_is_valid_and_asks_for_the_gpu_class():
+    docs = _smoke_test(notes())
+    for doc in docs:
+        validate(doc)
+    template, pod = docs
+    assert template["kind"] == "ResourceClaimTemplate" and pod["kind"] == "Pod"
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == \
+        template["metadata"]["name"]
+    mig_only = _smoke_test(notes({"deviceClasses": {"gpu": {"enabled": False}}}))
+    assert mig_only[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"][
+        "deviceClassName"] == "mig.nvidia.com"
+    assert "kubectl apply" not in notes(SCENARIOS["no-deviceclasses"])
+
+
+def test_notes_in_simulation():
+    text = notes(SIMULATE)
+    assert "simulated GPU nodes (profile dgx-a100)" in text
+    assert "pci-10de.present" not in text
+
+
+# --- docs stay in step with the code --------------------------------------------------------
+
+OPAQUE_VALUES = {"resources", "updateStrategy", "tolerations"}
+
+
+def _value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in OPAQUE_VALUES:
+            paths += _value_paths(value, f"{path}.")
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_readme_lists_every_value():
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [p for p in _value_paths(values) if f"`{p}`" not in readme]
+    assert not missing
+
+
+def test_docs_name_every_feature_gate_and_simulated_profile():
+    from gpudra.driver import sim
+    from gpudra.driver.featuregates import DEFAULTS
+
+    for path in (CHART / "README.md", CHART / "values.yaml"):
+        text = path.read_text()
+        assert [g for g in DEFAULTS if g not in text] == [], path.name
+        assert [p for p in sim.node_profiles() if p not in text] == [], path.name
