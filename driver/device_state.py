@@ -15,14 +15,14 @@ import dataclasses
 import datetime
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from gpudra.api.configs import TIME_SLICE_VALUES, GpuConfig, MigDeviceConfig
+from gpudra.api.configs import TIME_SLICE_VALUES, GpuConfig, MigDeviceConfig, MpsConfig
 from gpudra.driver import cdi, metrics
 from gpudra.driver.checkpoint import (
     PREPARE_COMPLETED,
@@ -38,7 +38,9 @@ from gpudra.driver.checkpoint import (
     without_claim,
 )
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, PreparedResult
+from gpudra.driver.commands import CommandError, CommandRunner, set_time_slice
 from gpudra.driver.faults import crash_point
+from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import (
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
@@ -65,8 +67,6 @@ COMPUTE_MODES = {
     "Prohibited": COMPUTE_MODE_PROHIBITED,
 }
 
-TimeSliceSetter = Callable[[str, int], None]
-"""Sets a GPU's time-slice (``nvidia-smi compute-policy --set-timeslice``); see commands."""
 
 
 @dataclass
@@ -106,7 +106,8 @@ class DeviceState:
         store: CheckpointStore,
         cdi_root: Path,
         driver_root: cdi.DriverRoot,
-        set_time_slice: TimeSliceSetter | None = None,
+        commands: CommandRunner | None = None,
+        mps: MpsManager | None = None,
         lock_timeout: float = 30.0,
     ) -> None:
         self.driver = driver
@@ -115,7 +116,8 @@ class DeviceState:
         self.store = store
         self.cdi_root = cdi_root
         self.driver_root = driver_root
-        self._set_time_slice = set_time_slice
+        self.commands = commands
+        self.mps = mps
         self._lock_timeout = lock_timeout
         self._thread_lock = threading.Lock()
 
@@ -214,7 +216,7 @@ class DeviceState:
                                         common=self.driver_root.common_edits())
             cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid)
             crash_point("prepare:after-cdi-write")
-        except (NvmlError, cdi.CdiError, ClaimError, OSError) as exc:
+        except (NvmlError, cdi.CdiError, ClaimError, CommandError, OSError) as exc:
             self._undo(record, cp)
             self.store.save(without_claim(self.store.load(), claim.uid))
             if isinstance(exc, ClaimError):
@@ -278,12 +280,30 @@ class DeviceState:
                 record = dataclasses.replace(record, devices=list(devices))
                 self.store.save(with_claim_started(cp, record))
                 crash_point("prepare:after-mig-recorded")
+        mps_uuids: list[str] = []
+        mps_config: MpsConfig | None = None
         for i, step in enumerate(plan.steps):
             if step.allocated.admin_access or step.config is None:
                 continue  # nothing asked: touch nothing (no implicit time-slicing)
             restore = self._apply_settings(plan.claim, step, devices[i], restore)
             record = dataclasses.replace(record, devices=list(devices), restore=dict(restore))
             self.store.save(with_claim_started(cp, record))
+            sharing = step.config.sharing
+            if sharing is not None and sharing.strategy == "MPS":
+                mps_uuids.append(str(devices[i].uuid))
+                if mps_config is not None and sharing.mps_config != mps_config:
+                    raise ClaimError(f"claim {plan.claim.ref}: all MPS devices of one claim "
+                                     "share one MPS daemon and must have the same mpsConfig")
+                mps_config = sharing.mps_config or mps_config
+        if mps_uuids:
+            if self.mps is None:
+                raise ClaimError(f"claim {plan.claim.ref}: MPS is not enabled on this node "
+                                 "(feature gate MPSSupport)")
+            # Record before starting, so a crash mid-start is rolled back (daemon stopped).
+            restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids}
+            record = dataclasses.replace(record, devices=list(devices), restore=dict(restore))
+            self.store.save(with_claim_started(cp, record))
+            self.mps.start(plan.claim.uid, mps_uuids, mps_config)
         crash_point("prepare:after-settings")
         return dataclasses.replace(record, devices=devices, restore=restore)
 
@@ -315,30 +335,35 @@ class DeviceState:
         self, claim: ClaimToPrepare, step: DeviceStep, device: PreparedDevice,
         restore: dict[str, Any],
     ) -> dict[str, Any]:
+        """Compute mode and time slice for one device; remembers what to put back."""
         config = step.config
         assert isinstance(config, GpuConfig | MigDeviceConfig)
         uuid = device.uuid
         assert uuid is not None
-        mode_name = config.compute_mode
         sharing = config.sharing
+        mode_name = config.compute_mode
         if sharing is not None and sharing.strategy == "MPS":
-            raise ClaimError(f"claim {claim.ref}: sharing strategy MPS is not supported by this "
-                             "node yet (config for device {step.allocated.device!r})")
-        if sharing is not None and sharing.strategy == "TimeSlicing":
+            mode_name = "ExclusiveProcess"  # MPS clients share one context per GPU
+        elif sharing is not None and sharing.strategy == "TimeSlicing":
             mode_name = mode_name or "Default"
         if mode_name is not None:
             previous = self.nvml.compute_mode(uuid)
             restore.setdefault("computeMode", {}).setdefault(uuid, previous)
             self.nvml.set_compute_mode(uuid, COMPUTE_MODES[mode_name])
-        if (sharing is not None and sharing.strategy == "TimeSlicing"
-                and isinstance(config, GpuConfig)):
+        if isinstance(config, GpuConfig) and config.sharing is not None \
+                and config.sharing.strategy == "TimeSlicing":
             interval = "Default"
-            if config.sharing and getattr(config.sharing, "time_slicing_config", None):
-                interval = config.sharing.time_slicing_config.interval  # type: ignore[union-attr]
-            if self._set_time_slice is None:
-                raise ClaimError(f"claim {claim.ref}: time-slicing is not available on this node")
+            if config.sharing.time_slicing_config is not None:
+                interval = config.sharing.time_slicing_config.interval
+            if self.commands is None:
+                raise ClaimError(f"claim {claim.ref}: time-slicing is not available on this node "
+                                 "(feature gate TimeSlicingSettings)")
             restore.setdefault("timeSlice", {}).setdefault(uuid, TIME_SLICE_VALUES["Default"])
-            self._set_time_slice(uuid, TIME_SLICE_VALUES[interval])
+            try:
+                set_time_slice(self.commands, uuid, TIME_SLICE_VALUES[interval])
+            except CommandError as exc:
+                raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r}: setting "
+                                 f"time slice {interval} failed: {exc}") from exc
         return restore
 
     def _cdi_device(self, uid: str, step: DeviceStep, device: PreparedDevice) -> cdi.CdiDevice:
@@ -352,6 +377,9 @@ class DeviceState:
             assert device.mig is not None
             edits = self.driver_root.mig_edits(target.parent_minor, device.mig.gpu_instance_id,
                                                device.mig.compute_instance_id)
+        sharing = step.config.sharing if step.config is not None else None
+        if sharing is not None and sharing.strategy == "MPS" and self.mps is not None:
+            edits = edits.merge(self.mps.daemon_for(uid).container_edits())
         return cdi.CdiDevice(name=device.device, edits=edits)
 
     # --- unprepare -------------------------------------------------------------------------
@@ -366,7 +394,7 @@ class DeviceState:
                 return
             try:
                 self._undo(record, cp)
-            except (NvmlError, OSError) as exc:
+            except (NvmlError, CommandError, OSError) as exc:
                 raise ClaimError(f"claim {record.namespace}/{record.name}:{uid}: unprepare "
                                  f"failed, will retry: {exc}") from exc
             cp = without_claim(self.store.load(), uid)
@@ -381,9 +409,11 @@ class DeviceState:
             except NvmlError as exc:
                 if not exc.is_not_found:  # the MIG device may already be gone
                     raise
+        if record.restore.get("mps") and self.mps is not None:
+            self.mps.stop(record.uid)
         for uuid, value in (record.restore.get("timeSlice") or {}).items():
-            if self._set_time_slice is not None:
-                self._set_time_slice(uuid, int(value))
+            if self.commands is not None:
+                set_time_slice(self.commands, uuid, int(value))
         crash_point("unprepare:after-settings-restored")
         owned = self._owned_elsewhere(cp, record.uid)
         parents: set[str] = set()

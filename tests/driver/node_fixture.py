@@ -11,8 +11,10 @@ from gpudra.driver.claims import AllocatedDevice, ClaimToPrepare, OpaqueConfig
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.device_state import DeviceState
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
+from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, open_nvml
 from gpudra.driver.prepare_plan import NodeIndex
+from gpudra.driver.sim.commands import SimulatedCommandRunner
 from gpudra.driver.sim.driver_root import populate_driver_root
 
 DRIVER = "gpu.nvidia.com"
@@ -45,10 +47,12 @@ def start_node(root: Path, profile: str = "dgx-h100", *, boot_id: str = "boot-1"
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
     driver_root = root / "driver-root"
     populate_driver_root(driver_root, [g.probe.minor for g in inventory.gpus])
+    commands = SimulatedCommandRunner(root / "sim")
     state = DeviceState(driver=DRIVER, nvml=nvml, index=NodeIndex.build(POOL, inventory,
                         ModelOptions()), store=store, cdi_root=root / "cdi",
                         driver_root=cdi.DriverRoot(driver_root),
-                        set_time_slice=lambda uuid, value: None)
+                        commands=commands,
+                        mps=MpsManager(commands, root / "plugin" / "mps"))
     state.reconcile()
     owned = state.owned_mig_uuids()
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)

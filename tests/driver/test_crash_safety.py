@@ -12,7 +12,8 @@ import pytest
 from gpudra.driver import sim
 from gpudra.driver.checkpoint import CheckpointStore
 from gpudra.driver.faults import CRASH_EXIT_CODE, ENV, POINTS
-from tests.driver.node_fixture import DRIVER, claim, start_node
+from tests.driver.crash_worker import crash_claim
+from tests.driver.node_fixture import DRIVER, start_node
 
 ROOT = Path(__file__).resolve().parents[2]
 UID = "33333333-3333-4333-8333-333333333333"
@@ -43,14 +44,17 @@ def assert_converged(root: Path, *, prepared: bool) -> None:
             assert set(cp.completed()) == {UID} and not cp.started()
             assert [len(snapshot[i]["gpu_instances"]) for i in (0, 1, 2)] == [1, 1, 0]
             assert specs == [f"k8s.{DRIVER}-claim_{UID}.json"]
+            assert snapshot[2]["compute_mode"] == 3
+            assert (root / "plugin" / "mps" / UID / "pipe" / "control").exists()
         else:
             assert cp.claims == {}
             assert [g["gpu_instances"] for g in snapshot] == [[]] * len(snapshot)
             assert [g["mig_mode"]["current"] for g in snapshot] == [0] * len(snapshot)
             assert specs == []
             assert all(g["compute_mode"] == 0 for g in snapshot)
+            assert not (root / "plugin" / "mps" / UID).exists()  # MPS daemon stopped
         # and the claim can be prepared (again) with the same answer as a fresh node gives
-        result = node.state.prepare(claim(UID, *DEVICES))
+        result = node.state.prepare(crash_claim(UID, *DEVICES))
         assert [r.device for r in result] == list(DEVICES)
         node.state.unprepare(UID)
         assert all(g["gpu_instances"] == [] for g in node.control.snapshot()["gpus"])

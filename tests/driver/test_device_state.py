@@ -165,3 +165,44 @@ def test_restart_keeps_prepared_claims_and_mig_devices(tmp_path):
     finally:
         node.close()
         sim.uninstall()
+
+
+def test_time_slicing_is_set_and_reset(node):
+    config = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}})
+    node.state.prepare(claim(UID1, "gpu-5", configs=(config,)))
+    uuid = next(str(d.attributes["uuid"]) for d in node.state.index.devices.devices
+                if d.name == "gpu-5")
+    runner = node.state.commands
+    assert runner is not None
+    assert runner.time_slices()[uuid] == 3
+    node.state.unprepare(UID1)
+    assert runner.time_slices()[uuid] == 0
+
+
+def test_no_config_touches_nothing(node):
+    node.state.prepare(claim(UID1, "gpu-5"))
+    assert node.state.commands.time_slices() == {}
+    assert node.control.snapshot()["gpus"][5]["compute_mode"] == 0
+
+
+def test_mps_daemon_lifecycle_and_cdi_edits(node):
+    config = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {
+            "defaultActiveThreadPercentage": 40, "defaultPinnedDeviceMemoryLimit": "4Gi"}}})
+    node.state.prepare(claim(UID1, "gpu-6-mig-2g20gb-14-0", configs=(config,)))
+    daemon_dir = node.root / "plugin" / "mps" / UID1
+    assert (daemon_dir / "pipe" / "control").exists()
+    log = (daemon_dir / "log" / "control.log").read_text()
+    assert "set_default_active_thread_percentage 40" in log
+    assert "set_default_device_pinned_mem_limit MIG-" in log and " 4096M" in log
+    edits = spec_of(node, UID1)["devices"][0]["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+    assert edits["mounts"][0]["hostPath"] == str(daemon_dir / "pipe")
+    mig_uuid = node.state.prepared(UID1)  # the claim is recorded as prepared
+    assert mig_uuid is not None
+    node.state.unprepare(UID1)
+    assert not daemon_dir.exists()
+    assert node.control.snapshot()["gpus"][6]["gpu_instances"] == []

@@ -1,0 +1,99 @@
+"""The simulated node's ``nvidia-smi`` and ``nvidia-cuda-mps-control``.
+
+Time slices are kept in ``<state>/commands.json``; an MPS control daemon is a real
+stand-in process (``gpudra.driver.sim.mps_daemon``) listening on the ``control`` FIFO in
+its pipe directory, as the real daemon does, so start, configure and quit are observable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpudra.driver.commands import CommandError
+
+STARTUP_TIMEOUT = 5.0
+
+
+class SimulatedCommandRunner:
+    """Implements :class:`gpudra.driver.commands.CommandRunner` for a simulated node."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with (self.state_dir / "commands.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = self.state_dir / "commands.json"
+            data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+            yield data
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, sort_keys=True))
+            tmp.replace(path)
+
+    def time_slices(self) -> dict[str, int]:
+        with self._locked() as data:
+            return dict(data.get("timeslice", {}))
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            stdin: str | None = None) -> str:
+        env = dict(env or {})
+        if argv[:2] == ["nvidia-smi", "compute-policy"]:
+            return self._compute_policy(list(argv[2:]))
+        if argv[0] == "nvidia-cuda-mps-control":
+            return self._mps_control(list(argv[1:]), env, stdin or "")
+        raise CommandError(f"{argv[0]}: command not found (simulated node)")
+
+    def _compute_policy(self, args: list[str]) -> str:
+        try:
+            uuid = args[args.index("-i") + 1]
+            value = int(args[args.index("--set-timeslice") + 1])
+        except (ValueError, IndexError) as exc:
+            raise CommandError(f"nvidia-smi compute-policy {' '.join(args)}: bad arguments"
+                               ) from exc
+        if value not in (0, 1, 2, 3):
+            raise CommandError(f"nvidia-smi compute-policy: invalid timeslice {value}")
+        with self._locked() as data:
+            data.setdefault("timeslice", {})[uuid] = value
+        return f"Set timeslice to {value} for GPU {uuid}\n"
+
+    def _mps_control(self, args: list[str], env: dict[str, str], stdin: str) -> str:
+        pipe = Path(env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
+        logs = Path(env.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
+        control = pipe / "control"
+        if args == ["-d"]:
+            if control.exists():
+                raise CommandError("nvidia-cuda-mps-control -d: An instance of this daemon is "
+                                   "already running")
+            # Like the real `-d`: the launcher forks the daemon off and returns at once.
+            subprocess.run(
+                [sys.executable, "-m", "gpudra.driver.sim.mps_daemon", "--daemonize", str(pipe),
+                 str(logs)],
+                env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, check=True, timeout=STARTUP_TIMEOUT)
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while not control.exists():
+                if time.monotonic() > deadline:
+                    raise CommandError("nvidia-cuda-mps-control -d: daemon did not start")
+                time.sleep(0.01)
+            return ""
+        if not control.exists():
+            raise CommandError("nvidia-cuda-mps-control: cannot find MPS control daemon process")
+        # A FIFO open blocks until the daemon reads: it is listening, so this is prompt.
+        with control.open("w") as fifo:
+            fifo.write(stdin if stdin.endswith("\n") else stdin + "\n")
+        if stdin.strip() == "quit":
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while control.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return ""
