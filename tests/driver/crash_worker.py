@@ -19,7 +19,7 @@ CONFIGS = (
 )
 
 
-def crash_claim(uid: str, *devices: str):  # noqa: ANN201 - test helper
+def crash_claim(uid: str, *devices: str):
     base = claim(uid, *devices, configs=CONFIGS)
     allocated = tuple(
         type(d)(request="gpu" if d.device.count("-") == 1 else "mig", pool=d.pool,
