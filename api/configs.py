@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from gpudra.api.quantity import QuantityError, parse_quantity
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from gpudra.api.quantity import QuantityError, parse_quantity
 
 GROUP_VERSION = "resource.nvidia.com/v1beta1"
 MIB = 1 << 20
