@@ -1,0 +1,235 @@
+"""``gpudra explain``: would these claims be allocated, on which node and devices, and why not.
+
+The cluster is either simulated (``--simulate PROFILE --nodes N``: N identical nodes) or
+read through ``--kubeconfig`` (DeviceClasses, ResourceSlices, allocated claims, node labels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpudra.cli.inventory_cmd import collect_devices
+from gpudra.cli.options import CliError, add_simulation_flags
+from gpudra.controller.allocator import Allocator
+from gpudra.controller.explain import (
+    ExplainError,
+    default_device_classes,
+    explain,
+    render_table,
+    subjects,
+    to_json,
+)
+from gpudra.controller.slices import build_slices
+from gpudra.controller.validate import objects, validate_object
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+DEPLOY_CLASSES = Path(__file__).resolve().parents[1] / "deploy" / "deviceclasses"
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "explain", help="say whether (and where) the scheduler would allocate a claim",
+        description="Run the scheduler's allocation for the claims in FILE (ResourceClaim, "
+                    "ResourceClaimTemplate, or a Pod with the templates it uses; DeviceClass "
+                    "documents override the defaults) against simulated nodes or a cluster, "
+                    "and explain the choice or the refusal device by device. Exit status 0 "
+                    "when everything is allocatable, 1 otherwise.")
+    parser.add_argument("file", metavar="FILE", type=Path, help="YAML, possibly multi-document")
+    add_simulation_flags(parser)
+    parser.add_argument("--nodes", type=int, default=1, metavar="N",
+                        help="with --simulate: N identical nodes <profile>-0 … <profile>-N-1")
+    parser.add_argument("--kubeconfig", type=Path, metavar="PATH",
+                        help="read DeviceClasses, ResourceSlices and allocations from a cluster")
+    parser.add_argument("--node", action="append", metavar="NAME",
+                        help="only consider this node (repeatable)")
+    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", DEFAULT_DRIVER),
+                        help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
+    parser.add_argument("--feature-gates", default=os.environ.get("FEATURE_GATES", ""),
+                        help="comma-separated Name=true|false for the simulated node")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.set_defaults(run=run)
+
+
+@dataclass
+class Cluster:
+    """What the allocator needs to know about a cluster."""
+
+    slices: list[dict[str, Any]]
+    device_classes: list[dict[str, Any]]
+    nodes: list[str]
+    allocations: list[dict[str, Any]] = field(default_factory=list)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def read_documents(path: Path) -> list[Any]:
+    try:
+        return list(yaml.safe_load_all(path.read_text()))
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def deploy_classes(driver: str) -> list[dict[str, Any]]:
+    """The chart's DeviceClasses when they are there and fit the driver name, else built-ins."""
+    found: list[dict[str, Any]] = []
+    if driver == DEFAULT_DRIVER and DEPLOY_CLASSES.is_dir():
+        for path in sorted(DEPLOY_CLASSES.glob("*.yaml")):
+            try:
+                found.extend(d for d in yaml.safe_load_all(path.read_text())
+                             if isinstance(d, dict) and d.get("kind") == "DeviceClass")
+            except yaml.YAMLError:
+                return default_device_classes(driver)  # a Helm template, not plain YAML
+    return found or default_device_classes(driver)
+
+
+def _renamed(slices: list[dict[str, Any]], old: str, new: str) -> Iterator[dict[str, Any]]:
+    """The same pool for another node: new names, shared (read-only) device dicts."""
+    for obj in slices:
+        name = str(obj["metadata"]["name"])
+        spec = dict(obj["spec"])
+        spec["nodeName"] = new
+        spec["pool"] = {**spec["pool"], "name": new}
+        yield {**obj, "metadata": {**obj["metadata"], "name": new + name[len(old):]},
+               "spec": spec}
+
+
+def simulated_cluster(args: argparse.Namespace) -> Cluster:
+    if args.nodes < 1:
+        raise CliError("--nodes must be at least 1")
+    devices = collect_devices(args)
+    nodes = [f"{args.simulate}-{i}" for i in range(args.nodes)]
+    # Building slices costs milliseconds per node; identical nodes share one build.
+    first = build_slices(devices, driver=args.driver_name, node_name=nodes[0])
+    slices = list(first)
+    for node in nodes[1:]:
+        slices.extend(_renamed(first, nodes[0], node))
+    return Cluster(slices, deploy_classes(args.driver_name), nodes)
+
+
+def _list(call: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """All items of a list call, raw JSON (the typed models drop fields they do not know)."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        extra = {"_continue": token} if token else {}
+        response = call(_preload_content=False, limit=500, **extra, **kwargs)
+        body = json.loads(response.data)
+        items.extend(body.get("items") or [])
+        token = (body.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+
+
+def cluster_from_kubeconfig(path: Path) -> Cluster:
+    # Imported here: loading the client costs ~0.3 s that --simulate does not need.
+    import urllib3
+    from kubernetes import client, config
+
+    try:
+        api = config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
+    except Exception as exc:  # the loader raises several unrelated types
+        raise CliError(f"--kubeconfig {path}: {exc}") from exc
+    try:
+        resource = client.ResourceV1Api(api)
+        slices = _list(resource.list_resource_slice)
+        classes = _list(resource.list_device_class)
+        claims = _list(resource.list_resource_claim_for_all_namespaces)
+        node_objects = _list(client.CoreV1Api(api).list_node)
+    except client.ApiException as exc:
+        raise CliError(f"reading the cluster failed: {exc.status} {exc.reason}") from exc
+    except (OSError, urllib3.exceptions.HTTPError) as exc:
+        raise CliError(f"cannot reach the cluster: {exc}") from exc
+    finally:
+        api.close()
+    labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
+              for n in node_objects}
+    nodes = sorted(labels) or sorted({str(s["spec"]["nodeName"]) for s in slices
+                                      if (s.get("spec") or {}).get("nodeName")})
+    allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
+    return Cluster(slices, classes, nodes, allocated, labels)
+
+
+def _with_overrides(base: list[dict[str, Any]],
+                    overrides: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_name: dict[str, dict[str, Any]] = {
+        str((c.get("metadata") or {}).get("name")): c for c in base}
+    for device_class in overrides:
+        by_name[str((device_class.get("metadata") or {}).get("name"))] = device_class
+    return list(by_name.values())
+
+
+def _selected_nodes(cluster: Cluster, wanted: list[str] | None) -> list[str]:
+    if not wanted:
+        return cluster.nodes
+    unknown = [n for n in wanted if n not in cluster.nodes]
+    if unknown:
+        raise CliError(f"--node: unknown node(s) {', '.join(unknown)}")
+    return [n for n in cluster.nodes if n in wanted]
+
+
+def _refuse_invalid(path: Path, documents: list[Any], driver: str) -> None:
+    """Objects the apiserver would refuse are not explained (CEL problems are: that is
+    what explain is for)."""
+    problems = [f"  {path}:{p.path}: {p.message}" for obj in objects(documents)
+                for p in validate_object(obj, driver=driver) if p.structural]
+    if problems:
+        raise CliError("the apiserver would refuse this input (see also gpudra validate):\n"
+                       + "\n".join(problems))
+
+
+@contextmanager
+def _without_gc_pauses() -> Iterator[None]:
+    """Allocating on a thousand nodes makes millions of small, mostly acyclic objects; the
+    cyclic GC would scan them thousands of times (measured: more than half the run time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def run(args: argparse.Namespace) -> int:
+    documents = read_documents(args.file)
+    if bool(args.simulate) == bool(args.kubeconfig):
+        raise CliError("give exactly one of --simulate PROFILE or --kubeconfig PATH")
+    _refuse_invalid(args.file, documents, args.driver_name)
+    try:
+        found, class_docs = subjects(documents)
+    except ExplainError as exc:
+        raise CliError(f"{args.file}: {exc}") from exc
+    cluster = simulated_cluster(args) if args.simulate else cluster_from_kubeconfig(
+        args.kubeconfig)
+    nodes = _selected_nodes(cluster, args.node)
+    with _without_gc_pauses():
+        allocator = Allocator(cluster.slices,
+                              _with_overrides(cluster.device_classes, class_docs),
+                              cluster.allocations)
+        try:
+            explanations = [explain(s, allocator, nodes, cluster.labels) for s in found]
+        except ExplainError as exc:
+            raise CliError(str(exc)) from exc
+    if args.output == "json":
+        document: Mapping[str, Any] = (to_json(explanations[0]) if len(explanations) == 1
+                                       else {"items": [to_json(e) for e in explanations]})
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for i, explanation in enumerate(explanations):
+            if i:
+                sys.stdout.write("\n")
+            sys.stdout.write("\n".join(render_table(explanation)) + "\n")
+    return 0 if all(e.allocatable for e in explanations) else 1

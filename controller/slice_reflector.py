@@ -1,0 +1,186 @@
+"""LIST + WATCH of one node's own ResourceSlices into an in-memory cache of raw objects.
+
+Like client-go's reflector, cut down to what the publisher needs: LIST once, then WATCH
+from the list's resourceVersion; when a watch ends, watch again from the last
+resourceVersion seen (bookmarks included); when the server says that version is gone
+(410, as a status or as an ERROR event), LIST again. Objects stay raw JSON, so nothing the
+client does not know about is lost. The publisher also records its own writes here (a
+small mutation cache), so the next reconcile sees them before their watch events arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+from gpudra.controller.backoff import Backoff
+from gpudra.controller.log_once import FailureLog
+from gpudra.controller.raw_api import RESOURCE_SLICES, ApiCallError, RawApi, WatchStream
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+
+HEALTHY_WATCH_SECONDS: Final = 1.0
+"""A watch that ends sooner without delivering anything counts as a failure (no spinning)."""
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old: LIST again."""
+
+
+def _name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _rv(obj: Obj | None) -> int | None:
+    """The resourceVersion as a number, where it is one (etcd revisions are)."""
+    text = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(text) if text is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _older(obj: Obj, than: Obj | None) -> bool:
+    """True if ``obj`` is known to be an older state than ``than`` (ordering by revision,
+    as client-go's mutation cache does; unknown ordering counts as not older)."""
+    mine, theirs = _rv(obj), _rv(than)
+    return mine is not None and theirs is not None and mine < theirs
+
+
+class SliceReflector:
+    """The node's slices as the API server has them: ``cache`` maps name → stored object."""
+
+    def __init__(self, api: RawApi, *, field_selector: str, on_change: Callable[[], None],
+                 backoff: Backoff, clock: Callable[[], float] = time.monotonic,
+                 watch_timeout: int = 300) -> None:
+        self._api = api
+        self._selector = field_selector
+        self._on_change = on_change
+        self._backoff = backoff
+        self._clock = clock
+        self._watch_timeout = watch_timeout
+        self._failures = FailureLog(log)
+        self.cache: dict[str, Obj] = {}
+        self.resource_version = ""
+        self.listed = asyncio.Event()
+        """Set once the first LIST has filled the cache."""
+        self.lists = 0
+        self.watches = 0
+
+    # ---- the publisher's own writes ------------------------------------------------------
+
+    def remember(self, obj: Obj) -> None:
+        """Record the server's answer to our create or update."""
+        name = _name(obj)
+        if name and not _older(obj, self.cache.get(name)):
+            self.cache[name] = obj
+
+    def forget(self, name: str) -> None:
+        """Record that a slice is gone (we deleted it, or the server says it is not found)."""
+        self.cache.pop(name, None)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """LIST and WATCH until cancelled; API failures are retried, never raised."""
+        relist = True
+        while True:
+            try:
+                if relist:
+                    await self._list()
+                    relist = False
+                await self._watch()
+            except _Expired:
+                log.info("slice watch expired; listing again", resource_version=
+                         self.resource_version)
+                relist = True
+            except ApiCallError as error:
+                if error.status == 410:
+                    relist = True
+                    continue
+                self._failures.failed((error.verb, error.status, error.reason),
+                                      "slice list/watch failed; retrying", verb=error.verb,
+                                      status=error.status, error=str(error))
+                delay = self._backoff.next()
+                await asyncio.sleep(max(delay, min(error.retry_after or 0, 60)))
+
+    async def _list(self) -> None:
+        listing = await self._api.list(RESOURCE_SLICES, field_selector=self._selector)
+        items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
+        self.cache = {_name(item): item for item in items if _name(item)}
+        self.resource_version = str((listing.get("metadata") or {}).get("resourceVersion")
+                                    or "")
+        self.lists += 1
+        self.listed.set()
+        self._on_change()
+
+    async def _watch(self) -> None:
+        timeout = random.randint(self._watch_timeout, 2 * self._watch_timeout)
+        started = self._clock()
+        stream = await self._api.watch(RESOURCE_SLICES, field_selector=self._selector,
+                                       resource_version=self.resource_version,
+                                       timeout_seconds=timeout)
+        self.watches += 1
+        events = 0
+        async with stream:
+            events = await self._consume(stream)
+        if events or self._clock() - started >= HEALTHY_WATCH_SECONDS:
+            self._backoff.reset()
+            self._failures.recovered("slice watch working again")
+            return
+        # Ended at once and said nothing: a server in trouble. Do not hammer it.
+        self._failures.failed("watch-ended-at-once", "slice watch ended at once; retrying",
+                              verb="watch")
+        await asyncio.sleep(self._backoff.next())
+
+    async def _consume(self, stream: WatchStream) -> int:
+        """Apply events until the stream ends; returns how many arrived."""
+        count = 0
+        while (event := await stream.next()) is not None:
+            count += 1
+            kind, obj = event.get("type"), event.get("object")
+            if not isinstance(obj, dict):
+                continue
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Expired
+                raise ApiCallError("watch", RESOURCE_SLICES.plural, None,
+                                   status=int(obj.get("code") or 500),
+                                   reason=str(obj.get("reason") or ""),
+                                   message=str(obj.get("message") or ""))
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self.resource_version = str(rv)
+            changed = self._remove(obj) if kind == "DELETED" else (
+                kind in ("ADDED", "MODIFIED") and self._apply(obj))
+            if changed:
+                self._on_change()
+            if count == 1 or self._failures.failing:
+                self._backoff.reset()
+                self._failures.recovered("slice watch working again")
+        return count
+
+    def _apply(self, obj: Obj) -> bool:
+        name = _name(obj)
+        current = self.cache.get(name)
+        if not name or _older(obj, current) or obj == current:
+            return False
+        if current is not None and _rv(obj) is not None and _rv(obj) == _rv(current):
+            return False  # our own write, already recorded from its answer
+        self.cache[name] = obj
+        return True
+
+    def _remove(self, obj: Obj) -> bool:
+        name = _name(obj)
+        current = self.cache.get(name)
+        if current is None or _older(obj, current):
+            return False  # already gone, or re-created since
+        del self.cache[name]
+        return True

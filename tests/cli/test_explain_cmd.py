@@ -1,0 +1,247 @@
+"""``gpudra explain`` and ``gpudra validate`` run in-process: output and exit status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpudra.cli.main import main
+from gpudra.controller.explain import default_device_classes
+from tests.controller.test_allocator import h100_node
+from tests.fakeapi import FakeApiServer
+
+A = "device.attributes['gpu.nvidia.com']"
+
+TWO_GPUS = f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: two-gpus
+  namespace: ml
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          count: 2
+          selectors:
+          - cel:
+              expression: "{A}.productName.startsWith('NVIDIA H100')"
+      constraints:
+      - matchAttribute: gpu.nvidia.com/nvlinkDomain
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: train
+  namespace: ml
+spec:
+  resourceClaims:
+  - name: gpus
+    resourceClaimTemplateName: two-gpus
+  containers:
+  - name: c
+    image: busybox
+"""
+
+TYPO = f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: typo
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel:
+            expression: "{A}.productNmae == 'NVIDIA H100 80GB HBM3'"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "claim.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_explain_allocatable_on_a_simulated_node(tmp_path, capsys):
+    code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--simulate", "dgx-h100"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == "Pod ml/train: 1 node (dgx-h100-0)"
+    assert "    chosen on dgx-h100-0: gpu-0, gpu-1" in out
+    assert out[-1] == "ALLOCATABLE on node dgx-h100-0: gpu -> gpu-0, gpu -> gpu-1"
+
+
+def test_explain_a_typo_says_not_allocatable_and_suggests_the_name(tmp_path, capsys):
+    code = main(["explain", str(write(tmp_path, TYPO)), "--simulate", "dgx-h100", "--nodes", "3"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert out[-1] == ("NOT ALLOCATABLE: claim typo: selector #0: CEL runtime error: no such "
+                       "key: productNmae (did you mean 'productName'?) (on all 3 nodes)")
+    assert ("  hint: attribute 'productNmae' (domain gpu.nvidia.com) is not published by any "
+            "device; did you mean 'productName'?") in out
+
+
+def test_explain_json_has_every_node(tmp_path, capsys):
+    code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--simulate", "dgx-h100",
+                 "--nodes", "4", "-o", "json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert document["allocatable"] is True and document["node"] == "dgx-h100-0"
+    assert document["verdict"].endswith("(fits on 4 of 4 nodes)")
+    assert [n["node"] for n in document["nodes"]] == [f"dgx-h100-{i}" for i in range(4)]
+    (result,) = document["results"]
+    assert [r["device"] for r in result["devices"]["results"]] == ["gpu-0", "gpu-1"]
+    assert result["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [
+        "dgx-h100-0"]
+    rejected = document["nodes"][0]["requests"][0]["rejected"]
+    assert len(rejected["class gpu.nvidia.com selector #0 is false"]) == 200
+
+
+def test_device_classes_in_the_file_override_the_defaults(tmp_path, capsys):
+    strict = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+              "metadata": {"name": "gpu.nvidia.com"},
+              "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nobody'"}}]}}
+    text = TWO_GPUS + "---\n" + yaml.safe_dump(strict)
+    code = main(["explain", str(write(tmp_path, text)), "--simulate", "dgx-h100"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "208  class gpu.nvidia.com selector #0 is false" in out
+
+
+def test_explain_needs_a_cluster_source(tmp_path, capsys):
+    assert main(["explain", str(write(tmp_path, TWO_GPUS))]) == 1
+    assert "exactly one of --simulate PROFILE or --kubeconfig PATH" in capsys.readouterr().err
+
+
+def test_explain_reports_unreadable_input(tmp_path, capsys):
+    assert main(["explain", str(tmp_path / "missing.yaml"), "--simulate", "dgx-h100"]) == 1
+    assert "missing.yaml" in capsys.readouterr().err
+    bad = write(tmp_path, "kind: ConfigMap\n")
+    assert main(["explain", str(bad), "--simulate", "dgx-h100"]) == 1
+    assert "nothing to explain" in capsys.readouterr().err
+
+
+def test_explain_refuses_what_the_apiserver_would_refuse(tmp_path, capsys):
+    path = write(tmp_path, TWO_GPUS.replace("count: 2", "count: two"))
+    assert main(["explain", str(path), "--simulate", "dgx-h100"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "gpudra explain: the apiserver would refuse this input (see also gpudra validate):",
+        f"  {path}:spec.spec.devices.requests[0].exactly.count: Invalid value: 'two': must be "
+        "greater than zero"]
+
+
+def test_explain_against_a_cluster(tmp_path, capsys):
+    slices = h100_node("worker-1", 2, dynamic_mig=False) + h100_node("worker-2", 2,
+                                                                       dynamic_mig=False)
+    taken = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "busy", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                 "deviceClassName": "gpu.nvidia.com"}}]}},
+             "status": {"allocation": {"devices": {"results": [
+                 {"request": "g", "driver": "gpu.nvidia.com", "pool": "worker-1",
+                  "device": "gpu-0"}]}}}}
+    with FakeApiServer() as api:
+        for obj in [*slices, *default_device_classes("gpu.nvidia.com"), taken,
+                    {"kind": "Node", "metadata": {"name": "worker-1", "labels": {"a": "b"}}},
+                    {"kind": "Node", "metadata": {"name": "worker-2"}}]:
+            api.put({"apiVersion": "v1", **obj} if obj.get("kind") == "Node" else obj)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
+        code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--kubeconfig", str(kubeconfig)])
+        out = capsys.readouterr().out.splitlines()
+        assert code == 0
+        assert out[0] == "Pod ml/train: 2 nodes (worker-1, worker-2)"
+        assert "      1 on 1 node  already allocated" in out
+        assert out[-1] == ("ALLOCATABLE on node worker-2: gpu -> gpu-0, gpu -> gpu-1 "
+                           "(fits on 1 of 2 nodes)")
+        code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--kubeconfig", str(kubeconfig),
+                     "--node", "worker-1"])
+        assert code == 1
+        out = capsys.readouterr().out.splitlines()
+        assert "  not considered: devices of 1 node (worker-2): wrong node" in out
+        assert out[-1].startswith("NOT ALLOCATABLE: request gpu: needs 2, 1 of 2 devices usable")
+
+
+def test_explain_with_an_unreachable_cluster(tmp_path, capsys):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "x", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    assert main(["explain", str(write(tmp_path, TWO_GPUS)), "--kubeconfig", str(kubeconfig)]) == 1
+    assert "cannot reach the cluster" in capsys.readouterr().err
+
+
+# --- validate ---------------------------------------------------------------------------
+
+def test_validate_ok(tmp_path, capsys):
+    classes = Path(__file__).resolve().parents[2] / "deploy" / "deviceclasses"
+    files = [str(write(tmp_path, TWO_GPUS)), *map(str, sorted(classes.glob("*.yaml")))]
+    assert main(["validate", *files]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"OK: 2 DeviceClasses, 1 Pod, 1 ResourceClaimTemplate in {len(files)} files"
+
+
+def test_validate_reports_file_path_and_message(tmp_path, capsys):
+    path = write(tmp_path, TYPO)
+    assert main(["validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        f"{path}:spec.devices.requests[0].exactly.selectors[0].cel.expression: line 1, column "
+        "37: device.attributes['gpu.nvidia.com'].productNmae: no such attribute: productNmae is "
+        "not published, so the scheduler fails with 'no such key'; did you mean 'productName'?"]
+    assert captured.err.strip() == "1 problem found"
+
+
+def test_validate_names_the_object_in_multi_document_files(tmp_path, capsys):
+    text = TWO_GPUS.replace("count: 2", "count: 0") + "---\n" + TYPO
+    path = write(tmp_path, text)
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"{path}:spec.spec.devices.requests[0].exactly.count: Invalid value: 0: "
+                      "must be greater than zero (ResourceClaimTemplate ml/two-gpus)")
+    assert out[1].endswith("(ResourceClaim typo)")
+
+
+def test_validate_opaque_configs(tmp_path, capsys):
+    pytest.importorskip("gpudra.api.configs")
+    claim = yaml.safe_load(TYPO.replace("productNmae", "productName"))
+    claim["spec"]["devices"]["config"] = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "bogus": 1}}}]
+    path = write(tmp_path, yaml.safe_dump(claim))
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().out.strip() == (
+        f"{path}:spec.devices.config[0].opaque.parameters.bogus: unknown field")
+
+
+def test_validate_unreadable_and_empty(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 1
+    assert "nope.yaml" in capsys.readouterr().out
+    assert main(["validate", str(write(tmp_path, "kind: ConfigMap\n"))]) == 0
+    assert capsys.readouterr().out.startswith("OK: nothing to check")
+
+
+def test_explain_a_thousand_simulated_nodes(tmp_path, capsys):
+    code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--simulate", "dgx-h100",
+                 "--nodes", "1000"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == "Pod ml/train: 1000 nodes (dgx-h100-0 … dgx-h100-999)"
+    assert "    8000 devices usable on 1000 nodes" in out
+    assert "      200000 on 1000 nodes  class gpu.nvidia.com selector #0 is false" in out
+    assert out[-1].endswith("(fits on 1000 of 1000 nodes)")
