@@ -1,0 +1,91 @@
+"""Every example validates and allocates on the simulated node its README names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpudra.cli.main import main
+from gpudra.driver import sim
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# (file, node profile, the (request, device) pairs the reference allocator must choose)
+CASES = [
+    ("single-gpu/gpu.yaml", "dgx-h100", [("gpu", "gpu-0")]),
+    ("gpu-by-product/claim.yaml", "dgx-h100", [("gpu", "gpu-0")]),
+    ("gpu-by-memory/claim.yaml", "hgx-h200", [("gpu", "gpu-0")]),
+    ("gpu-by-compute-capability/claim.yaml", "dgx-h100", [("gpu", "gpu-0")]),
+    ("two-gpus-nvlink/claim.yaml", "h100-nvl-x2", [("gpus", "gpu-0"), ("gpus", "gpu-1")]),
+    ("mig-1g-dynamic/claim.yaml", "dgx-h100", [("mig", "gpu-0-mig-1g10gb-19-6")]),
+    ("two-mig-same-gpu/claim.yaml", "dgx-a100",
+     [("medium", "gpu-0-mig-2g10gb-14-4"), ("small", "gpu-0-mig-1g5gb-19-6")]),
+    ("first-available/claim.yaml", "dgx-h100", [("gpu/h100", "gpu-0")]),
+    ("first-available/claim.yaml", "dgx-a100", [("gpu/a100", "gpu-0")]),
+    ("time-sliced-shared/shared.yaml", "dgx-h100", [("gpu", "gpu-0")]),
+    ("mps/claim.yaml", "dgx-h100", [("gpu", "gpu-0")]),
+    ("exclusive-compute/claim.yaml", "dgx-h100", [("gpu", "gpu-0")]),
+    ("admin-access/monitor.yaml", "l4-x4", [("gpus", f"gpu-{i}") for i in range(4)]),
+]
+# Examples that must NOT fit on a node, and the reason explain must give.
+MISFITS = [
+    ("gpu-by-product/claim.yaml", "dgx-a100", "selector #0 is false"),
+    ("gpu-by-memory/claim.yaml", "dgx-a100", "selector #0 is false"),
+    ("two-gpus-nvlink/claim.yaml", "l4-x4", "nvlinkDomain: the device has no such attribute"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _detach() -> None:
+    yield
+    sim.uninstall()
+
+
+def explain_json(capsys, path: str, profile: str) -> dict:
+    code = main(["explain", str(EXAMPLES / path), "--simulate", profile, "-o", "json"])
+    out = json.loads(capsys.readouterr().out)
+    if "items" in out:  # several pods in one file (they share the claim): take the first
+        out = out["items"][0]
+    out["exit"] = code
+    return out
+
+
+def test_every_example_validates(capsys):
+    files = sorted(str(p) for p in EXAMPLES.glob("*/*.yaml"))
+    assert len(files) >= 13
+    assert main(["validate", *files]) == 0, capsys.readouterr().out
+
+
+def test_every_example_folder_has_a_readme_naming_its_profile():
+    for folder in sorted(p for p in EXAMPLES.iterdir() if p.is_dir()):
+        readme = (folder / "README.md").read_text()
+        assert "Simulated node" in readme, folder.name
+        assert any(profile in readme for profile in sim.node_profiles()), folder.name
+
+
+@pytest.mark.parametrize(("path", "profile", "expected"), CASES,
+                         ids=[f"{c[0].split('/')[0]}@{c[1]}" for c in CASES])
+def test_example_allocates_the_expected_devices(path, profile, expected, capsys):
+    out = explain_json(capsys, path, profile)
+    assert out["exit"] == 0, out["verdict"]
+    chosen = [(r["request"], r["device"]) for result in out["results"]
+              for r in result["devices"]["results"]]
+    assert chosen == expected
+
+
+def test_example_configs_are_carried_into_the_allocation(capsys):
+    out = explain_json(capsys, "mps/claim.yaml", "dgx-h100")
+    (config,) = out["results"][0]["devices"]["config"]
+    assert config["source"] == "FromClaim"
+    assert config["opaque"]["parameters"]["sharing"]["strategy"] == "MPS"
+
+
+@pytest.mark.parametrize(("path", "profile", "reason"), MISFITS,
+                         ids=[f"{m[0].split('/')[0]}@{m[1]}" for m in MISFITS])
+def test_example_that_does_not_fit_says_why(path, profile, reason, capsys):
+    out = explain_json(capsys, path, profile)
+    assert out["exit"] == 1
+    assert not out["allocatable"]
+    assert reason in json.dumps(out), out["verdict"]
