@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gpudra.cli import inventory_cmd
+from gpudra.cli import demo_cmd, explain_cmd, inventory_cmd, node_cmd, sim_cmd, validate_cmd
 from gpudra.cli.options import CliError
 
 
@@ -17,6 +17,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inventory_cmd.add_parser(sub)
+    explain_cmd.add_parser(sub)
+    validate_cmd.add_parser(sub)
+    node_cmd.add_parser(sub)
+    sim_cmd.add_parser(sub)
+    demo_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,279 @@
+"""``gpudra demo``: the whole driver on a laptop, in one screen.
+
+Starts the project's API-server stand-in and a ``gpudra node`` daemon on a simulated DGX
+H100, lets the reference allocator place a few of the ``examples/`` claims the way the
+scheduler would, has a kubelet stand-in prepare and unprepare them over the real gRPC
+sockets, and prints what happened at each step. Everything it starts it stops; every file
+it writes lives in a temporary directory. Needs a source checkout (the stand-ins live in
+``tests/``, which is not shipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpudra.cli.options import CliError
+from gpudra.controller.allocator import Allocator
+from gpudra.controller.explain import subjects
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = "gpu.nvidia.com"
+NODE = "demo-node"
+# (example file, what it shows)
+SCENARIOS = [
+    ("single-gpu/gpu.yaml", "one full GPU"),
+    ("mig-1g-dynamic/claim.yaml", "a 1g MIG slice, created on demand"),
+    ("two-mig-same-gpu/claim.yaml", "two MIG slices on one GPU"),
+    ("exclusive-compute/claim.yaml", "a GPU in exclusive-process mode"),
+    ("mps/claim.yaml", "a GPU shared through MPS"),
+]
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "demo", help="run the driver end to end on a simulated GPU node",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="dgx-h100", help="simulated node profile")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.set_defaults(run=run)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+@contextlib.contextmanager
+def _process(args: list[str], *, log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise CliError(f"timed out waiting for {what}")
+
+
+def _api(url: str, path: str, *, method: str = "GET", body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _slices(url: str) -> list[dict[str, Any]]:
+    items = _api(url, "/apis/resource.k8s.io/v1/resourceslices")["items"]
+    return [s for s in items if s["spec"]["driver"] == DRIVER]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (REPO / "tests" / "fakeapi").is_dir():
+        raise CliError("the demo needs a source checkout (its API server stand-in lives in "
+                       "tests/fakeapi)")
+    base = Path(tempfile.mkdtemp(prefix="gd-demo-", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        _demo(args.profile, base, env)
+    finally:
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            _say(f"(kept {base})")
+    return 0
+
+
+def _demo(profile: str, base: Path, env: dict[str, str]) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    http = _free_port()
+    _say(f"gpudra demo — simulated node '{NODE}' ({profile}), everything under {base}")
+    _say()
+    with _process([sys.executable, "-m", "tests.fakeapi", "--port", str(port), "--node", NODE],
+                  log=base / "apiserver.log", env=env):
+        _wait_for(lambda: _reachable(url), "the API server stand-in")
+        for path in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml")):
+            _api(url, "/apis/resource.k8s.io/v1/deviceclasses", method="POST",
+                 body=yaml.safe_load(path.read_text()))
+        kubeconfig = base / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters: [{{name: demo, cluster: {{server: '{url}'}}}}]\n"
+            "users: [{name: demo, user: {}}]\n"
+            "contexts: [{name: demo, context: {cluster: demo, user: demo}}]\n"
+            "current-context: demo\n")
+        started = time.monotonic()
+        node_args = [sys.executable, "-m", "gpudra.cli.main", "node", "--node-name", NODE,
+                     "--simulate", profile, "--kubeconfig", str(kubeconfig),
+                     "--registrar-dir", str(base / "registry"),
+                     "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
+                     "--http-address", f"127.0.0.1:{http}", "--log-format", "json"]
+        with _process(node_args, log=base / "node.log", env=env) as daemon:
+            slices = _wait_for(lambda: _published(url), "the ResourceSlices")
+            elapsed = time.monotonic() - started
+            _print_slices(slices, elapsed)
+            asyncio.run(_claims(url, base, slices))
+            _print_metrics(http)
+            daemon.send_signal(signal.SIGTERM)
+            code = daemon.wait(20)
+            left = sorted(p.name for p in base.rglob("*.sock"))
+            _say(f"node daemon stopped (exit {code}); sockets left behind: {left or 'none'}")
+
+
+def _reachable(url: str) -> bool:
+    try:
+        _api(url, "/version")
+    except OSError:
+        return False
+    return True
+
+
+def _published(url: str) -> list[dict[str, Any]] | None:
+    slices = _slices(url)
+    if not slices:
+        return None
+    count = slices[0]["spec"]["pool"]["resourceSliceCount"]
+    return slices if len(slices) == count else None
+
+
+def _print_slices(slices: list[dict[str, Any]], elapsed: float) -> None:
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    full = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
+    counters = sum(len(s["spec"].get("sharedCounters", [])) for s in slices)
+    product = full[0]["attributes"]["productName"]["string"] if full else "?"
+    _say(f"1. published {len(slices)} ResourceSlices in {elapsed:.1f}s: {len(devices)} devices = "
+         f"{len(full)} x {product} + {len(devices) - len(full)} MIG placements, "
+         f"{counters} shared counter sets (one per GPU, so placements never overlap)")
+    _say()
+
+
+async def _claims(url: str, base: Path, slices: list[dict[str, Any]]) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.kubelet_emulator import KubeletEmulator
+
+    classes = _api(url, "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    allocations: list[dict[str, Any]] = []
+    prepared: list[Any] = []
+    _say("2. claims from examples/, allocated as the scheduler would, prepared by the kubelet:")
+    async with await KubeletEmulator.discover(base / "registry") as kubelet:
+        for path, what in SCENARIOS:
+            documents = list(yaml.safe_load_all((REPO / "examples" / path).read_text()))
+            found, _ = subjects(documents)
+            claim = dict(found[0].claims[0])
+            allocation = Allocator(slices, classes, allocations).allocate(claim, NODE)
+            if allocation.result is None:
+                _say(f"   {what}: not allocatable: {allocation.blocking or allocation.error}")
+                continue
+            allocations.append(allocation.result)
+            ref = _create_claim(url, claim, allocation.result)
+            response = (await kubelet.prepare([ref]))[ref.uid]
+            devices = ", ".join(d["device_name"] for d in response["devices"])
+            status = f"error: {response['error']}" if response["error"] else f"prepared {devices}"
+            _say(f"   {what:<36} {path.split('/')[0]:<18} → {status}")
+            prepared.append(ref)
+        _say(f"   → on the (simulated) hardware now: {_hardware(base)}")
+        _print_cdi(base, prepared)
+        _say("4. unprepare (pods gone): MIG devices destroyed, settings restored, specs removed")
+        for ref in prepared:
+            await kubelet.unprepare([ref])
+        left = sorted(p.name for p in (base / "cdi").glob("*.json"))
+        _say(f"   → on the hardware now: {_hardware(base)}; CDI specs left: {len(left)}")
+        _say()
+
+
+def _hardware(base: Path) -> str:
+    from gpudra.driver.sim import SimControl
+
+    gpus = SimControl(base / "plugins" / DRIVER / "sim").snapshot()["gpus"]
+    mig = sum(len(g["gpu_instances"]) for g in gpus)
+    on = [str(i) for i, g in enumerate(gpus) if g["mig_mode"]["current"]]
+    exclusive = [str(i) for i, g in enumerate(gpus) if g["compute_mode"] == 3]
+    return (f"{mig} MIG devices, MIG mode on for GPU [{', '.join(on)}], exclusive-process "
+            f"compute mode on GPU [{', '.join(exclusive)}]")
+
+
+def _create_claim(url: str, claim: dict[str, Any], allocation: dict[str, Any]) -> Any:
+    sys.path.insert(0, str(REPO))
+    from gpudra.kubeletplugin.interfaces import ClaimRef
+
+    body = {**claim, "metadata": {"name": claim["metadata"]["name"], "namespace": "default"}}
+    created = _api(url, "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+                   method="POST", body=body)
+    created["status"] = {"allocation": allocation}
+    name = created["metadata"]["name"]
+    _api(url, f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}/status",
+         method="PUT", body=created)
+    meta = created["metadata"]
+    return ClaimRef(namespace="default", name=meta["name"], uid=meta["uid"])
+
+
+def _print_cdi(base: Path, prepared: list[Any]) -> None:
+    for ref in prepared:
+        path = base / "cdi" / f"k8s.{DRIVER}-claim_{ref.uid}.json"
+        if "mig" in ref.name and path.exists():
+            spec = json.loads(path.read_text())
+            device = spec["devices"][0]
+            nodes = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+            mounts = len(spec.get("containerEdits", {}).get("mounts", []))
+            _say()
+            _say(f"3. CDI spec for claim {ref.name} ({path.name}):")
+            _say(f"   cdiVersion {spec['cdiVersion']}, kind {spec['kind']}, device "
+                 f"{device['name']}")
+            _say(f"   device nodes {nodes} + {mounts} driver library/binary mounts")
+            _say()
+            return
+
+
+def _print_metrics(port: int) -> None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        _say(f"5. metrics unavailable: {exc}")
+        return
+    wanted = ("gpudra_prepare_seconds_count", "gpudra_unprepare_seconds_count",
+              "gpudra_mig_operations_total", "gpudra_published_devices")
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    _say("5. metrics from /metrics:")
+    for line in lines:
+        _say(f"   {line}")
+    _say()

@@ -1,0 +1,75 @@
+"""HTTP endpoints for operators: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
+
+Served from a thread, not the event loop, so ``/healthz`` can tell when the loop is stuck:
+it calls the daemon's own registration ``GetInfo`` over its unix socket, which only answers
+when the gRPC server (on the loop) does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+Check = Callable[[], bool]
+
+
+class ProbeServer:
+    def __init__(self, address: str, *, live: Check, ready: Check) -> None:
+        host, _, port = address.rpartition(":")
+        self._live = live
+        self._ready = ready
+        probes = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                probes.handle(self)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # probes every few seconds would drown the daemon's own log
+
+        self._server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http-probes",
+                                        daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        path = request.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(request, 200, generate_latest(), CONTENT_TYPE_LATEST)
+        elif path in ("/healthz", "/livez"):
+            self._check(request, self._live)
+        elif path == "/readyz":
+            self._check(request, self._ready)
+        else:
+            self._send(request, 404, b"not found\n", "text/plain")
+
+    def _check(self, request: BaseHTTPRequestHandler, check: Check) -> None:
+        try:
+            ok = check()
+        except Exception as exc:  # a failing probe must answer, not kill the thread
+            self._send(request, 503, f"error: {exc}\n".encode(), "text/plain")
+            return
+        self._send(request, 200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
+
+    @staticmethod
+    def _send(request: BaseHTTPRequestHandler, status: int, body: bytes, kind: str) -> None:
+        request.send_response(status)
+        request.send_header("Content-Type", kind)
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)

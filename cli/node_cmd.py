@@ -1,0 +1,232 @@
+"""``gpudra node``: the node daemon (kubelet plugin + ResourceSlice publisher + metrics).
+
+Start order: NVML → checkpoint and start-up reconciliation → inventory → gRPC sockets →
+publishing → HTTP probes. Stop (SIGTERM/SIGINT): stop accepting calls, let in-flight ones
+finish, remove our sockets, stop publishing, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kubernetes.aio import client as aio_client
+from kubernetes.aio import config as aio_config
+
+from gpudra.cli.grpc_probe import answers_get_info
+from gpudra.cli.http_probes import ProbeServer
+from gpudra.cli.logs import configure_logging
+from gpudra.cli.options import (
+    CliError,
+    add_driver_flags,
+    add_simulation_flags,
+    feature_gates,
+    node_name,
+)
+from gpudra.controller.publisher import SlicePublisher
+from gpudra.driver import cdi
+from gpudra.driver.checkpoint import CheckpointCorrupt, CheckpointStore
+from gpudra.driver.commands import CommandRunner, HostCommandRunner
+from gpudra.driver.device_model import ModelOptions
+from gpudra.driver.device_state import DeviceState
+from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
+from gpudra.driver.mps import MpsManager
+from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
+from gpudra.driver.prepare_plan import NodeIndex
+from gpudra.driver.sim.commands import SimulatedCommandRunner
+from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+from gpudra.kubeletplugin.preparer import Preparer
+from gpudra.kubeletplugin.server import PluginServer
+from gpudra.kubeletplugin.sockets import plugin_data_dir
+
+log = structlog.get_logger("gpudra.node")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "node", help="run the node daemon (kubelet plugin and ResourceSlice publisher)",
+        description="Serve the kubelet's DRA calls for this node's NVIDIA GPUs and publish "
+                    "them as ResourceSlices. Every flag has an environment fallback.")
+    add_driver_flags(parser)
+    add_simulation_flags(parser)
+    parser.add_argument("--kubeconfig", default=_env("KUBECONFIG"),
+                        help="kubeconfig file (env KUBECONFIG; default in-cluster config)")
+    parser.add_argument("--registrar-dir", type=Path,
+                        default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH",
+                                     "/var/lib/kubelet/plugins_registry"),
+                        help="kubelet plugin registration dir "
+                             "(env KUBELET_REGISTRAR_DIRECTORY_PATH)")
+    parser.add_argument("--plugins-dir", type=Path,
+                        default=_env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins"),
+                        help="kubelet plugins dir (env KUBELET_PLUGINS_DIRECTORY_PATH)")
+    parser.add_argument("--cdi-root", type=Path, default=_env("CDI_ROOT", "/var/run/cdi"),
+                        help="where per-claim CDI specs are written (env CDI_ROOT)")
+    parser.add_argument("--driver-root", type=Path, default=_env("DRIVER_ROOT"),
+                        help="NVIDIA driver root as this process sees it (env DRIVER_ROOT; "
+                             "default /, or a generated root when simulating)")
+    parser.add_argument("--host-driver-root", type=Path, default=_env("HOST_DRIVER_ROOT"),
+                        help="the same root as the host sees it, for CDI paths "
+                             "(env HOST_DRIVER_ROOT; default --driver-root)")
+    parser.add_argument("--pod-uid", default=_env("POD_UID"),
+                        help="this pod's UID: per-pod socket names for rolling updates "
+                             "(env POD_UID)")
+    parser.add_argument("--http-address", default=_env("HTTP_ADDRESS", "127.0.0.1:8080"),
+                        help="host:port for /metrics, /healthz, /readyz (env HTTP_ADDRESS; "
+                             "empty disables)")
+    parser.add_argument("--log-format", choices=("json", "console", "auto"),
+                        default=_env("LOG_FORMAT", "json"), help="env LOG_FORMAT")
+    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="env LOG_LEVEL")
+    parser.add_argument("--shutdown-grace", type=float, default=10.0,
+                        help="seconds in-flight calls may take to finish at shutdown")
+    parser.set_defaults(run=run)
+
+
+@dataclass
+class NodePaths:
+    data_dir: Path
+    sim_state: Path | None
+    driver_root: Path
+    host_driver_root: Path
+
+
+def resolve_paths(args: argparse.Namespace) -> NodePaths:
+    data_dir = plugin_data_dir(args.plugins_dir, args.driver_name)
+    sim_state = None
+    if args.simulate:
+        sim_state = args.sim_state or data_dir / "sim"
+    driver_root = args.driver_root or (data_dir / "sim-driver-root" if args.simulate else Path("/"))
+    return NodePaths(data_dir, sim_state, driver_root, args.host_driver_root or driver_root)
+
+
+def _open_checkpoint(data_dir: Path) -> CheckpointStore:
+    store = CheckpointStore(data_dir)
+    try:
+        store.load()
+    except CheckpointCorrupt as exc:
+        # Refusing to start would leave every GPU on the node unusable; an empty checkpoint
+        # plus start-up reconciliation is the safe recovery. Loud, and the file is kept.
+        moved = store.quarantine()
+        log.error("checkpoint is corrupt; moved aside and starting empty", error=str(exc),
+                  moved_to=str(moved))
+    return store
+
+
+def build_device_state(args: argparse.Namespace, paths: NodePaths, nvml: Nvml) -> DeviceState:
+    gates = feature_gates(args)
+    resolver = simulated_pcie_root if args.simulate else sysfs_pcie_root
+    inventory = read_inventory(nvml, pcie_root=resolver)
+    if args.simulate:
+        from gpudra.driver.sim.driver_root import populate_driver_root
+
+        populate_driver_root(paths.driver_root, [g.probe.minor for g in inventory.gpus])
+    store = _open_checkpoint(paths.data_dir)
+    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"))
+    commands: CommandRunner
+    if args.simulate:
+        assert paths.sim_state is not None
+        commands = SimulatedCommandRunner(paths.sim_state)
+    else:
+        commands = HostCommandRunner(paths.driver_root)
+    mps = MpsManager(commands, paths.data_dir / "mps") if gates.enabled("MPSSupport") else None
+    state = DeviceState(
+        driver=args.driver_name, nvml=nvml,
+        commands=commands if gates.enabled("TimeSlicingSettings") else None, mps=mps,
+        index=NodeIndex.build(node_name(args), inventory, options),
+        store=store, cdi_root=args.cdi_root,
+        driver_root=cdi.DriverRoot(paths.host_driver_root, container_root=paths.driver_root),
+    )
+    report = state.reconcile()
+    log.info("reconciled node state", rolled_back=report.rolled_back_claims,
+             destroyed_mig_devices=report.destroyed_mig_devices,
+             removed_cdi_specs=report.removed_cdi_specs, reset=report.checkpoint_reset)
+    # Re-read: reconciliation may have destroyed leaked MIG devices; our own stay dynamic.
+    inventory = read_inventory(nvml, pcie_root=resolver)
+    state.index = NodeIndex.build(node_name(args), inventory, ModelOptions(
+        dynamic_mig=options.dynamic_mig, owned_mig_uuids=state.owned_mig_uuids()))
+    return state
+
+
+async def _api_client(kubeconfig: str | None) -> aio_client.ApiClient:
+    configuration = aio_client.Configuration()
+    if kubeconfig:
+        await aio_config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
+                                          client_configuration=configuration)
+    else:
+        try:
+            aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration)
+        except aio_config.ConfigException as exc:
+            raise CliError("no --kubeconfig given and not running in a cluster "
+                           f"({exc})") from exc
+    return aio_client.ApiClient(configuration)
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Run the daemon until ``stop`` is set."""
+    paths = resolve_paths(args)
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        nvml = open_nvml(simulate=args.simulate, sim_state=paths.sim_state,
+                         driver_root=paths.driver_root)
+    except NvmlUnavailable as exc:
+        raise CliError(str(exc)) from exc
+    api = None
+    server = None
+    probes = None
+    publish_task: asyncio.Task[None] | None = None
+    try:
+        state = await asyncio.to_thread(build_device_state, args, paths, nvml)
+        api = await _api_client(args.kubeconfig)
+        preparer = Preparer(driver=args.driver_name, fetcher=ClaimFetcher(api), state=state)
+        server = PluginServer(args.driver_name, args.registrar_dir, args.plugins_dir,
+                              args.pod_uid, preparer)
+        await server.start()
+        publisher = SlicePublisher(api, driver=args.driver_name, node_name=node_name(args))
+        publisher.update(state.index.devices)
+        publish_task = asyncio.create_task(publisher.run(), name="publisher")
+        if args.http_address:
+            probes = ProbeServer(args.http_address,
+                                 live=lambda: answers_get_info(server.registration_socket_path),
+                                 ready=lambda: (server is not None
+                                                and server.registration.registered.is_set()
+                                                and publisher.synced.is_set()))
+            probes.start()
+        log.info("node daemon running", node=node_name(args), driver=args.driver_name,
+                 devices=len(state.index.devices.devices), simulate=args.simulate)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if server is not None:
+            await server.stop(args.shutdown_grace)
+        if publish_task is not None:
+            publish_task.cancel()
+            await asyncio.gather(publish_task, return_exceptions=True)
+        if probes is not None:
+            probes.stop()
+        if api is not None:
+            await api.close()  # type: ignore[no-untyped-call]
+        nvml.shutdown()
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(fmt=args.log_format, level=args.log_level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(args, stop)
+
+    asyncio.run(main())
+    return 0

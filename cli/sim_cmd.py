@@ -1,0 +1,98 @@
+"""``gpudra sim``: fault injection on a simulated GPU node (XIDs, lost GPUs).
+
+Works from any process on the node's state directory, including while a daemon runs on
+it: the daemon's XID watcher sees the event within milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from gpudra.cli.options import CliError
+from gpudra.driver.sim import SimControl
+
+
+def add_parser(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "sim", help="inject faults into a simulated GPU node",
+        description="Raise XID errors or lose GPUs on a simulated node (gpudra node "
+                    "--simulate PROFILE --sim-state DIR), from any process.")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    xid = actions.add_parser("xid", help="raise an XID critical error on a GPU or MIG device")
+    _add_target_flags(xid)
+    xid.add_argument("--xid", type=_positive_int, required=True, metavar="X",
+                     help="the XID number (e.g. 79: fallen off the bus; 13: application)")
+    xid.add_argument("--mig-uuid", metavar="U",
+                     help="attribute the XID to this MIG device of the GPU")
+    xid.set_defaults(run=run_xid)
+
+    lost = actions.add_parser("gpu-lost", help="make a GPU answer GPU_IS_LOST (or recover it)")
+    _add_target_flags(lost)
+    lost.add_argument("--recover", action="store_true", help="the GPU answers NVML again")
+    lost.set_defaults(run=run_gpu_lost)
+
+
+def _add_target_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sim-state", metavar="DIR", type=Path,
+                        default=os.environ.get("SIM_STATE"),
+                        help="the simulated node's state directory (env SIM_STATE)")
+    parser.add_argument("--gpu", type=_non_negative_int, required=True, metavar="N",
+                        help="GPU index")
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _control(args: argparse.Namespace) -> SimControl:
+    if args.sim_state is None:
+        raise CliError("--sim-state: required (or set SIM_STATE)")
+    try:
+        return SimControl(args.sim_state)
+    except FileNotFoundError as exc:
+        raise CliError(f"--sim-state: {exc}") from exc
+
+
+def _gpu_uuid(control: SimControl, index: int) -> str:
+    gpus = control.node.gpus
+    if not 0 <= index < len(gpus):
+        raise CliError(f"--gpu: no GPU {index} on this {len(gpus)}-GPU node")
+    return gpus[index].uuid
+
+
+def run_xid(args: argparse.Namespace) -> int:
+    control = _control(args)
+    uuid = _gpu_uuid(control, args.gpu)
+    try:
+        control.raise_xid(args.gpu, args.xid, args.mig_uuid)
+    except ValueError as exc:
+        raise CliError(f"--mig-uuid: {exc}") from exc
+    where = f"MIG device {args.mig_uuid} of " if args.mig_uuid else ""
+    print(f"raised XID {args.xid} on {where}GPU {args.gpu} ({uuid})")
+    return 0
+
+
+def run_gpu_lost(args: argparse.Namespace) -> int:
+    control = _control(args)
+    uuid = _gpu_uuid(control, args.gpu)
+    control.set_gpu_lost(args.gpu, not args.recover)
+    state = "answers NVML again" if args.recover else "is lost (GPU_IS_LOST)"
+    print(f"GPU {args.gpu} ({uuid}) {state}")
+    return 0

@@ -1,0 +1,141 @@
+"""Run ``gpudra node`` as a real process against the test API server, as the kubelet sees it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = "gpu.nvidia.com"
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: test, user: {}}]\n"
+        "contexts: [{name: test, context: {cluster: fake, user: test}}]\n"
+        "current-context: test\n")
+    return path
+
+
+@dataclass
+class Daemon:
+    """One ``gpudra node`` process; directories live in a short /tmp path (socket limits)."""
+
+    url: str
+    profile: str = "dgx-h100"
+    node: str = "node-a"
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp")))
+    process: subprocess.Popen[str] | None = None
+
+    @property
+    def registrar(self) -> Path:
+        return self.base / "reg"
+
+    @property
+    def plugins(self) -> Path:
+        return self.base / "plugins"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.base / "cdi"
+
+    @property
+    def sim_state(self) -> Path:
+        return self.base / "sim"
+
+    def sockets(self) -> list[Path]:
+        return sorted(p for p in self.base.rglob("*.sock"))
+
+    def start(self, *, wait: bool = True) -> Daemon:
+        kubeconfig = write_kubeconfig(self.base / "kubeconfig", self.url)
+        args = [
+            sys.executable, "-m", "gpudra.cli.main", "node",
+            "--node-name", self.node, "--simulate", self.profile,
+            "--sim-state", str(self.sim_state), "--kubeconfig", str(kubeconfig),
+            "--registrar-dir", str(self.registrar), "--plugins-dir", str(self.plugins),
+            "--cdi-root", str(self.cdi_root), "--http-address", "",
+            "--log-format", "json", *self.extra_args,
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
+        if "GPUDRA_CRASH_AT" not in self.env:
+            env.pop("GPUDRA_CRASH_AT", None)
+        self.process = subprocess.Popen(args, env=env, cwd=ROOT, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_registered()
+        return self
+
+    def wait_registered(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        sock = self.registrar / f"{DRIVER}-reg.sock"
+        while time.monotonic() < deadline:
+            if sock.exists():
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.output()}")
+            time.sleep(0.02)
+        raise AssertionError(f"no registration socket after {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        if self.process is None or self.process.stdout is None:
+            return ""
+        if self.process.poll() is None:
+            return "(still running)"
+        return self.process.stdout.read()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        if self.process.stdout is not None:
+            self._log = self.process.stdout.read()
+            self.process.stdout.close()
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    @property
+    def log(self) -> str:
+        return getattr(self, "_log", "")
+
+
+def claim_object(
+    name: str, *, devices: Sequence[str] = ("gpu-0",), request: str = "gpu", node: str = "node-a",
+    driver: str = DRIVER, configs: Sequence[dict[str, Any]] = (), allocated: bool = True,
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """A ResourceClaim as the scheduler leaves it: spec plus status.allocation."""
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [
+            {"name": request, "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                          "count": len(devices)}}]}},
+    }
+    if allocated:
+        obj["status"] = {"allocation": {"devices": {
+            "results": [{"request": request, "driver": driver, "pool": node, "device": d}
+                        for d in devices],
+            "config": list(configs),
+        }, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    return obj

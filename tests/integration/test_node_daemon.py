@@ -1,0 +1,143 @@
+"""``gpudra node`` end to end: kubelet emulator over unix sockets, claims over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from gpudra.kubeletplugin.interfaces import ClaimRef
+from tests.fakeapi.server import FakeApiServer
+from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.kubelet_emulator import KubeletEmulator
+
+GV = "resource.nvidia.com/v1beta1"
+
+
+@pytest.fixture
+def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
+    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+    d = Daemon(fake_api.url)
+    yield d
+    if d.process is not None and d.process.poll() is None:
+        d.stop()
+    shutil.rmtree(d.base, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(daemon: Daemon) -> AsyncIterator[KubeletEmulator]:
+    daemon.start()
+    emulator = await KubeletEmulator.discover(daemon.registrar)
+    try:
+        yield emulator
+    finally:
+        await emulator.close()
+
+
+def create_claim(api: FakeApiServer, name: str, **kwargs) -> ClaimRef:
+    stored = api.put(claim_object(name, **kwargs))
+    meta = stored["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def cdi_spec(daemon: Daemon, ref: ClaimRef) -> dict:
+    return json.loads((daemon.cdi_root / f"k8s.{DRIVER}-claim_{ref.uid}.json").read_text())
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+async def test_prepare_and_unprepare_full_gpus(count, kubelet, daemon, fake_api):
+    devices = [f"gpu-{i}" for i in range(count)]
+    ref = create_claim(fake_api, "gpus", devices=devices)
+    response = await kubelet.prepare([ref])
+    entry = response[ref.uid]
+    assert entry["error"] == ""
+    assert [d["device_name"] for d in entry["devices"]] == devices
+    for d in entry["devices"]:
+        assert d["pool_name"] == "node-a"
+        assert d["request_names"] == ["gpu"]
+        assert d["cdi_device_ids"] == [f"k8s.{DRIVER}/claim={ref.uid}-{d['device_name']}"]
+    spec = cdi_spec(daemon, ref)
+    assert [d["name"] for d in spec["devices"]] == [f"{ref.uid}-{d}" for d in devices]
+    assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+    assert list(daemon.cdi_root.glob("*.json")) == []
+
+
+async def test_dynamic_mig_claim_with_subrequest(kubelet, daemon, fake_api):
+    ref = create_claim(fake_api, "mig", devices=["gpu-0-mig-1g10gb-19-6"], request="mig/small")
+    entry = (await kubelet.prepare([ref]))[ref.uid]
+    assert entry["error"] == ""
+    # the kubelet matches containers on the base request name
+    assert entry["devices"][0]["request_names"] == ["mig"]
+    assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+
+
+async def test_bad_input_gets_a_per_claim_error_and_changes_nothing(kubelet, daemon, fake_api):
+    good = create_claim(fake_api, "good", devices=["gpu-1"])
+    missing = ClaimRef("default", "nope", "00000000-0000-4000-8000-0000000000aa")
+    replaced = ClaimRef("default", "good", "00000000-0000-4000-8000-0000000000bb")
+    unallocated = create_claim(fake_api, "pending", allocated=False)
+    other_driver = create_claim(fake_api, "other", driver="example.com")
+    unknown = create_claim(fake_api, "unknown", devices=["gpu-42"])
+    bad_config = create_claim(fake_api, "badcfg", devices=["gpu-2"], configs=[
+        {"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}}}])
+    response = await kubelet.prepare(
+        [good, missing, replaced, unallocated, other_driver, unknown, bad_config])
+    assert response[good.uid]["error"] == ""
+    expect = {
+        missing.uid: "claim default/nope:00000000-0000-4000-8000-0000000000aa: not found",
+        replaced.uid: "the claim was replaced",
+        unallocated.uid: "not allocated (status.allocation is empty)",
+        other_driver.uid: "no devices allocated for driver gpu.nvidia.com",
+        unknown.uid: "device 'gpu-42' is not in this node's inventory",
+        bad_config.uid: "config[0].opaque.parameters.sharing.strategy",
+    }
+    for uid, text in expect.items():
+        assert text in response[uid]["error"], response[uid]
+        assert response[uid]["devices"] == []
+    # only the good claim left a CDI spec
+    assert [p.name for p in daemon.cdi_root.glob("*.json")] == [
+        f"k8s.{DRIVER}-claim_{good.uid}.json"]
+
+
+async def test_config_for_another_driver_is_ignored(kubelet, daemon, fake_api):
+    ref = create_claim(fake_api, "mixed", devices=["gpu-3"], configs=[
+        {"source": "FromClaim", "requests": [], "opaque": {
+            "driver": "other.example.com", "parameters": {"anything": ["goes"]}}}])
+    assert (await kubelet.prepare([ref]))[ref.uid]["error"] == ""
+
+
+async def test_prepare_survives_a_daemon_restart_idempotently(daemon, fake_api):
+    ref = create_claim(fake_api, "sticky", devices=["gpu-4", "gpu-5-mig-3g40gb-9-0"])
+    daemon.start()
+    async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+        first = (await kubelet.prepare([ref]))[ref.uid]
+    assert first["error"] == ""
+    assert daemon.stop() == 0
+    fake_api.delete("ResourceClaim", "sticky", "default")  # the API server may be gone
+    daemon.start()
+    async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+        again = (await kubelet.prepare([ref]))[ref.uid]
+        assert again == first
+        assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+        # unknown claim: success
+        assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+
+
+async def test_api_server_errors_are_per_claim_and_retryable(kubelet, daemon, fake_api):
+    ref = create_claim(fake_api, "flaky", devices=["gpu-6"])
+    fake_api.fail_next(1, status=503, verb="get", resource="resourceclaims")
+    first = (await kubelet.prepare([ref]))[ref.uid]
+    assert "API error 503" in first["error"]
+    assert list(daemon.cdi_root.glob("*.json")) == []
+    # the kubelet retries
+    assert (await kubelet.prepare([ref]))[ref.uid]["error"] == ""
+
+
+def test_sigterm_removes_sockets_and_exits_zero(daemon):
+    daemon.start()
+    assert len(daemon.sockets()) == 2
+    assert daemon.stop() == 0
+    assert daemon.sockets() == []

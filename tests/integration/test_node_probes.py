@@ -1,0 +1,79 @@
+"""The daemon's /metrics, /healthz and /readyz over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+
+from gpudra.kubeletplugin.interfaces import ClaimRef
+from tests.fakeapi.server import FakeApiServer
+from tests.integration.daemon import Daemon, claim_object
+from tests.kubelet_emulator import KubeletEmulator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_probes_and_metrics(fake_api: FakeApiServer):
+    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+    port = free_port()
+    daemon = Daemon(fake_api.url, extra_args=["--http-address", f"127.0.0.1:{port}"])
+    try:
+        daemon.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                get(port, "/healthz")
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        assert get(port, "/healthz")[0] == 200
+        # slices may be published, but the kubelet has not registered us yet
+        assert get(port, "/readyz")[0] == 503
+        async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if get(port, "/readyz")[0] == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert get(port, "/readyz")[0] == 200
+            before = get(port, "/metrics")[1]
+            stored = fake_api.put(claim_object("m", devices=["gpu-0-mig-1g10gb-19-0"]))
+            meta = stored["metadata"]
+            ref = ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+            assert (await kubelet.prepare([ref]))[ref.uid]["error"] == ""
+            assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+            after = get(port, "/metrics")[1]
+        assert metric(after, "gpudra_prepare_seconds_count") == \
+            metric(before, "gpudra_prepare_seconds_count") + 1
+        assert metric(after, "gpudra_unprepare_seconds_count") >= 1
+        assert 'gpudra_mig_operations_total{operation="create",outcome="ok"} 1.0' in after
+        assert metric(after, "gpudra_checkpoint_write_seconds_count") > 0
+        assert metric(after, "gpudra_published_devices") == 208
+        assert get(port, "/nope")[0] == 404
+    finally:
+        if daemon.process is not None and daemon.process.poll() is None:
+            assert daemon.stop() == 0
+        shutil.rmtree(daemon.base, ignore_errors=True)
