@@ -432,6 +432,129 @@ class Nvml:
                 del self._handles[key]
         return True
 
+    # --- events (XID watching) -----------------------------------------------------------
+    #
+    # The event wait is the one NVML call that blocks, so it never runs under ``_lock``: a
+    # prepare must not queue behind it. NVML itself is thread-safe; the lock only keeps our
+    # multi-call sequences (handle caching, MIG create + find) from interleaving, so set-up
+    # and teardown of event sets still take it.
+
+    def create_event_set(self) -> EventSet:
+        return EventSet(self._run("nvmlEventSetCreate", pynvml.nvmlEventSetCreate))
+
+    def register_xid_events(self, event_set: EventSet, uuid: str) -> bool:
+        """Register a full GPU for XID critical errors; ``False`` when it cannot report them.
+
+        Only XIDs are asked for: uncorrectable ECC errors arrive as XIDs too (48, 63, 94 …)
+        and a bare ECC event carries nothing the health policy acts on.
+        """
+        handle = self.handle(uuid)
+        with self._call(f"nvmlDeviceRegisterEvents {uuid}"):
+            supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+            if not supported & pynvml.nvmlEventTypeXidCriticalError:
+                return False
+            pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError,
+                                            event_set.raw)
+            event_set.add(_handle_address(handle), uuid)
+        return True
+
+    def wait_event(
+        self, event_set: EventSet, timeout_ms: int
+    ) -> XidEvent | GpuLostEvent | None:
+        """The next XID of a registered GPU, waiting up to ``timeout_ms``; ``None`` on timeout.
+
+        Takes no lock (see above), so keep ``timeout_ms`` short and call it from one thread.
+        """
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set.raw, timeout_ms)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                return None
+            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                return GpuLostEvent()
+            raise NvmlError("nvmlEventSetWait", int(exc.value), str(exc)) from exc
+        if not int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
+            return None  # a type we did not register for: nothing to report
+        uuid = event_set.uuid_of(_handle_address(data.device))
+        if uuid is None:
+            try:  # an identity call: NVML answers it even for a lost GPU
+                uuid = _decode(pynvml.nvmlDeviceGetUUID(data.device))
+            except pynvml.NVMLError as exc:
+                raise NvmlError("nvmlDeviceGetUUID (event)", int(exc.value), str(exc)) from exc
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        if _NO_INSTANCE_ID in (gi, ci):
+            return XidEvent(uuid, int(data.eventData))
+        return XidEvent(uuid, int(data.eventData), gi, ci)
+
+    def free_event_set(self, event_set: EventSet) -> None:
+        """Free the set (idempotent). Never while another thread waits on it."""
+        if event_set.freed:
+            return
+        event_set.freed = True
+        self._run("nvmlEventSetFree", lambda: pynvml.nvmlEventSetFree(event_set.raw))
+
+    def gpu_is_lost(self, uuid: str) -> bool:
+        """A cheap probe: does the GPU answer a non-identity query?
+
+        Only GPU_IS_LOST counts as lost; any other failure (NOT_SUPPORTED …) is an answer.
+        """
+        try:
+            self.compute_mode(uuid)
+        except NvmlError as exc:
+            return exc.code == int(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return False
+
+
+# --- event types ---------------------------------------------------------------------------
+
+_NO_INSTANCE_ID = 0xFFFFFFFF
+"""``gpuInstanceId`` / ``computeInstanceId`` of an event not tied to one MIG device."""
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """An XID critical error NVML delivered for a GPU, or for one MIG device on it."""
+
+    gpu_uuid: str
+    xid: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    """Both set when NVML attributes the error to one MIG device, else both ``None``."""
+
+
+@dataclass(frozen=True)
+class GpuLostEvent:
+    """The wait failed with GPU_IS_LOST: a registered GPU fell off the bus.
+
+    NVML does not say which one; probe each with :meth:`Nvml.gpu_is_lost`.
+    """
+
+
+class EventSet:
+    """An NVML event set and the GPUs registered on it; opaque outside :class:`Nvml`."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.freed = False
+        self._uuid_by_handle: dict[int, str] = {}
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(self._uuid_by_handle.values())
+
+    def add(self, handle_address: int | None, uuid: str) -> None:
+        if handle_address is not None:
+            self._uuid_by_handle[handle_address] = uuid
+
+    def uuid_of(self, handle_address: int | None) -> str | None:
+        return None if handle_address is None else self._uuid_by_handle.get(handle_address)
+
+
+def _handle_address(handle: Any) -> int | None:
+    """The pointer value of an NVML handle (``None`` for NULL), to map event handles back."""
+    value = ctypes.cast(handle, ctypes.c_void_p).value
+    return int(value) if value else None
+
 
 # Where distributions and the GPU operator's driver container put libnvidia-ml.
 _LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib",
