@@ -35,12 +35,15 @@ from gpudra.driver.checkpoint import CheckpointCorrupt, CheckpointStore
 from gpudra.driver.commands import CommandRunner, HostCommandRunner
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.device_state import DeviceState
+from gpudra.driver.health import HealthPolicy, parse_xids
+from gpudra.driver.health_monitor import HealthMonitor
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpudra.driver.prepare_plan import NodeIndex
 from gpudra.driver.sim.commands import SimulatedCommandRunner
 from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+from gpudra.kubeletplugin.health_service import HealthService
 from gpudra.kubeletplugin.preparer import Preparer
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.kubeletplugin.sockets import plugin_data_dir
@@ -86,6 +89,14 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--log-format", choices=("json", "console", "auto"),
                         default=_env("LOG_FORMAT", "json"), help="env LOG_FORMAT")
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="env LOG_LEVEL")
+    parser.add_argument("--additional-xids-to-ignore",
+                        default=_env("ADDITIONAL_XIDS_TO_IGNORE", ""),
+                        help="comma-separated XIDs treated as application faults (taint effect "
+                             "None) on top of 13,31,43,45,68,109 (env ADDITIONAL_XIDS_TO_IGNORE)")
+    parser.add_argument("--xid-quiet-period", type=float,
+                        default=float(_env("XID_QUIET_PERIOD", "300") or 300),
+                        help="seconds without a new critical XID after which a GPU's XID taint "
+                             "clears; 0 keeps taints until restart (env XID_QUIET_PERIOD)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0,
                         help="seconds in-flight calls may take to finish at shutdown")
     parser.set_defaults(run=run)
@@ -183,16 +194,38 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     api = None
     server = None
     probes = None
+    monitor: HealthMonitor | None = None
     publish_task: asyncio.Task[None] | None = None
     try:
+        policy = _health_policy(args)
         state = await asyncio.to_thread(build_device_state, args, paths, nvml)
         api = await _api_client(args.kubeconfig)
         preparer = Preparer(driver=args.driver_name, fetcher=ClaimFetcher(api), state=state)
-        server = PluginServer(args.driver_name, args.registrar_dir, args.plugins_dir,
-                              args.pod_uid, preparer)
-        await server.start()
         publisher = SlicePublisher(api, driver=args.driver_name, node_name=node_name(args))
-        publisher.update(state.index.devices)
+        health: HealthService | None = None
+        if feature_gates(args).enabled("DeviceHealthCheck"):
+            loop = asyncio.get_running_loop()
+
+            def refresh() -> None:
+                assert monitor is not None and health is not None
+                publisher.update(monitor.apply(state.index.devices))
+                health.notify()
+
+            def changed() -> None:  # called from the watcher thread
+                loop.call_soon_threadsafe(refresh)
+
+            monitor = HealthMonitor(nvml, _watched_gpus(state), policy, on_change=changed)
+            health = HealthService(node_name(args),
+                                   lambda: monitor.device_health(state.index.devices)
+                                   if monitor is not None else ())
+        server = PluginServer(args.driver_name, args.registrar_dir, args.plugins_dir,
+                              args.pod_uid, preparer, health_servicer=health)
+        await server.start()
+        if monitor is not None:
+            monitor.start()
+            publisher.update(monitor.apply(state.index.devices))
+        else:
+            publisher.update(state.index.devices)
         publish_task = asyncio.create_task(publisher.run(), name="publisher")
         if args.http_address:
             probes = ProbeServer(args.http_address,
@@ -213,9 +246,30 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
             await asyncio.gather(publish_task, return_exceptions=True)
         if probes is not None:
             probes.stop()
+        if monitor is not None:
+            await asyncio.to_thread(monitor.stop)
         if api is not None:
             await api.close()  # type: ignore[no-untyped-call]
         nvml.shutdown()
+
+
+def _health_policy(args: argparse.Namespace) -> HealthPolicy:
+    try:
+        extra = parse_xids(args.additional_xids_to_ignore,
+                           field_name="--additional-xids-to-ignore")
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    quiet = args.xid_quiet_period if args.xid_quiet_period > 0 else None
+    return HealthPolicy.with_additional(extra, quiet_period=quiet)
+
+
+def _watched_gpus(state: DeviceState) -> list[str]:
+    """Every physical GPU, including those that publish only (static) MIG devices."""
+    uuids = set()
+    for device in state.index.devices.devices:
+        key = "uuid" if device.type == "gpu" else "parentUUID"
+        uuids.add(str(device.attributes[key]))
+    return sorted(uuids)
 
 
 def run(args: argparse.Namespace) -> int:
