@@ -10,13 +10,14 @@ Two tasks share one event loop:
   semantically and writes only the difference (``slice_diff.plan_sync``): deletes, then
   updates (PUT with the cached resourceVersion), then creates.
 
-A reconcile runs ``resync_delay`` after ``update()`` or after a watch event changed the cache
-(so a burst of events costs one round), and after a failed round's back-off. A round whose
-cache already matches writes nothing, so a steady state costs no API calls beyond the
-long-lived watch. When the kubelet wipes the node's slices at start-up the DELETED events
-trigger a round that re-creates them within about ``resync_delay`` (the Go controller waits
-30 s). Before re-creating slices that disappeared, the Node is looked up again: if it was
-deleted, garbage collection took the slices and they must not come back with a dead owner.
+A reconcile runs once ``update()`` or watch events that changed the cache have been quiet
+for ``resync_delay`` (so a burst of events costs one round), and after a failed round's
+back-off. A round whose cache already matches writes nothing, so a steady state costs no API
+calls beyond the long-lived watch. When the kubelet wipes the node's slices at start-up, the
+DELETED events trigger a round that re-creates them, within a second (the Go controller
+waits 30 s). Before re-creating slices that disappeared, the Node is looked up again: if it
+was deleted, garbage collection took the slices and they must not come back with a dead
+owner.
 
 Failures never escape ``run()``: conflicts re-read the slice and retry, 429 waits at least
 its Retry-After, 5xx and connection trouble retry with capped exponential back-off. A slice
@@ -59,8 +60,8 @@ from gpudra.driver.metrics import PUBLISHED_DEVICES, PUBLISHED_SLICES
 
 log = structlog.get_logger(__name__)
 
-MAX_RETRY_AFTER: Final = 60.0
-"""Longest Retry-After honoured; a bigger one is most likely a misconfigured proxy."""
+MAX_DEBOUNCE_DELAYS: Final = 5
+"""A stream of events delays a round by at most this many ``resync_delay``s."""
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,7 @@ class SlicePublisher:
         await self._reflector.listed.wait()
         while True:
             await self._dirty.wait()
-            # Debounce: a wipe or an update arrives as a burst of events; answer it once.
-            await asyncio.sleep(self._resync_delay)
-            self._dirty.clear()
+            await self._quiet()
             self._updated.clear()
             pause = await self._round()
             if pause is None:
@@ -179,6 +178,18 @@ class SlicePublisher:
             elif pause.seconds:
                 await asyncio.sleep(pause.seconds)
             self._dirty.set()
+
+    async def _quiet(self) -> None:
+        """Debounce: wait until nothing changed for ``resync_delay`` (a wipe or an update
+        arrives as a burst of events; answer it once), but no longer than a few delays."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MAX_DEBOUNCE_DELAYS * self._resync_delay
+        while True:
+            self._dirty.clear()
+            await asyncio.sleep(self._resync_delay)
+            if not self._dirty.is_set() or loop.time() >= deadline:
+                break
+        self._dirty.clear()  # the round reads the latest state, whatever woke us
 
     async def _round(self) -> _Pause | None:
         """One reconcile; None when the server now holds the desired slices."""
@@ -273,8 +284,8 @@ class SlicePublisher:
             self._resume = (devices, plan.generation)
         for obj in plan.deletes:
             await self._delete(obj)
-        for update in plan.updates:
-            await self._update(update)
+        for change in plan.updates:
+            await self._update(change)
         for obj in plan.creates:
             await self._create(obj)
 
@@ -283,27 +294,27 @@ class SlicePublisher:
         preconditions = {key: meta[key] for key in ("uid", "resourceVersion") if meta.get(key)}
         try:
             await self._api.delete(RESOURCE_SLICES, name, preconditions=preconditions)
+            self._writes["delete"] += 1
+            log.info("deleted obsolete slice", slice=name)
         except ApiCallError as error:
+            if error.status == 409:  # changed since we looked: look again
+                await self._refresh(name)
             if error.status != 404:  # already gone is what we wanted
-                if error.status == 409:
-                    await self._refresh(name)
                 raise
         self._reflector.forget(name)
         self._adopted.pop(name, None)
-        self._writes["delete"] += 1
-        log.info("deleted obsolete slice", slice=name)
 
-    async def _update(self, update: Update) -> None:
+    async def _update(self, change: Update) -> None:
         try:
-            stored = await self._api.replace(RESOURCE_SLICES, update.name,
-                                             replacement(update.actual, update.desired))
+            stored = await self._api.replace(RESOURCE_SLICES, change.name,
+                                             replacement(change.actual, change.desired))
         except ApiCallError as error:
             if error.status in (404, 409):  # changed or deleted under us: look again
-                await self._refresh(update.name)
+                await self._refresh(change.name)
             raise
         self._writes["update"] += 1
-        log.debug("updated slice", slice=update.name, reason=update.reason)
-        self._stored(update.desired, stored)
+        log.debug("updated slice", slice=change.name, reason=change.reason)
+        self._stored(change.desired, stored)
 
     async def _create(self, obj: dict[str, Any]) -> None:
         try:
@@ -373,7 +384,4 @@ class SlicePublisher:
         else:
             self._failures.failed((error.verb, error.resource, error.status, error.reason),
                                   "publishing slices failed; retrying", **fields)
-        delay = self._backoff.next()
-        if error.retry_after:
-            delay = max(delay, min(error.retry_after, MAX_RETRY_AFTER))
-        return _Pause(delay)
+        return _Pause(self._backoff.honouring(error.retry_after))

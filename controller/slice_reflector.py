@@ -28,6 +28,9 @@ Obj = dict[str, Any]
 
 HEALTHY_WATCH_SECONDS: Final = 1.0
 """A watch that ends sooner without delivering anything counts as a failure (no spinning)."""
+RELIST_AFTER_FAILURES: Final = 3
+"""After this many watch failures in a row, LIST again before the next watch: after a long
+outage a fresh LIST is cheaper and surer than replaying history (our pool is ~10 objects)."""
 
 
 class _Expired(Exception):
@@ -68,23 +71,37 @@ class SliceReflector:
         self._watch_timeout = watch_timeout
         self._failures = FailureLog(log)
         self.cache: dict[str, Obj] = {}
+        self._gone: dict[str, Obj] = {}  # what we deleted, as last seen: see ``forget``
         self.resource_version = ""
         self.listed = asyncio.Event()
         """Set once the first LIST has filled the cache."""
         self.lists = 0
         self.watches = 0
+        self._instant_ends = 0
 
     # ---- the publisher's own writes ------------------------------------------------------
 
     def remember(self, obj: Obj) -> None:
         """Record the server's answer to our create or update."""
         name = _name(obj)
-        if name and not _older(obj, self.cache.get(name)):
+        if name and not self._stale(obj):
             self.cache[name] = obj
+            self._gone.pop(name, None)
 
     def forget(self, name: str) -> None:
         """Record that a slice is gone (we deleted it, or the server says it is not found)."""
-        self.cache.pop(name, None)
+        removed = self.cache.pop(name, None)
+        if removed is not None:
+            # Its watch events may still be on the way; they must not bring it back.
+            self._gone[name] = removed
+
+    def _stale(self, obj: Obj) -> bool:
+        """True if ``obj`` is older than what we know: the cached state, or its deletion."""
+        name = _name(obj)
+        if _older(obj, self.cache.get(name)):
+            return True
+        mine, deleted = _rv(obj), _rv(self._gone.get(name))
+        return mine is not None and deleted is not None and mine <= deleted
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -93,13 +110,13 @@ class SliceReflector:
         relist = True
         while True:
             try:
-                if relist:
+                if relist or self._failures.retries >= RELIST_AFTER_FAILURES:
                     await self._list()
                     relist = False
                 await self._watch()
             except _Expired:
-                log.info("slice watch expired; listing again", resource_version=
-                         self.resource_version)
+                log.info("slice watch expired; listing again",
+                         resource_version=self.resource_version)
                 relist = True
             except ApiCallError as error:
                 if error.status == 410:
@@ -108,13 +125,13 @@ class SliceReflector:
                 self._failures.failed((error.verb, error.status, error.reason),
                                       "slice list/watch failed; retrying", verb=error.verb,
                                       status=error.status, error=str(error))
-                delay = self._backoff.next()
-                await asyncio.sleep(max(delay, min(error.retry_after or 0, 60)))
+                await asyncio.sleep(self._backoff.honouring(error.retry_after))
 
     async def _list(self) -> None:
         listing = await self._api.list(RESOURCE_SLICES, field_selector=self._selector)
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
         self.cache = {_name(item): item for item in items if _name(item)}
+        self._gone.clear()
         self.resource_version = str((listing.get("metadata") or {}).get("resourceVersion")
                                     or "")
         self.lists += 1
@@ -132,13 +149,17 @@ class SliceReflector:
         async with stream:
             events = await self._consume(stream)
         if events or self._clock() - started >= HEALTHY_WATCH_SECONDS:
+            self._instant_ends = 0
             self._backoff.reset()
             self._failures.recovered("slice watch working again")
             return
-        # Ended at once and said nothing: a server in trouble. Do not hammer it.
-        self._failures.failed("watch-ended-at-once", "slice watch ended at once; retrying",
-                              verb="watch")
-        await asyncio.sleep(self._backoff.next())
+        # Ended at once and said nothing. Once happens (a server closing every watch as it
+        # restarts); again in a row is a server in trouble, which must not be hammered.
+        self._instant_ends += 1
+        if self._instant_ends > 1:
+            self._failures.failed("watch-ended-at-once", "slice watch ended at once; retrying",
+                                  verb="watch")
+            await asyncio.sleep(self._backoff.next())
 
     async def _consume(self, stream: WatchStream) -> int:
         """Apply events until the stream ends; returns how many arrived."""
@@ -170,11 +191,12 @@ class SliceReflector:
     def _apply(self, obj: Obj) -> bool:
         name = _name(obj)
         current = self.cache.get(name)
-        if not name or _older(obj, current) or obj == current:
+        if not name or self._stale(obj) or obj == current:
             return False
         if current is not None and _rv(obj) is not None and _rv(obj) == _rv(current):
             return False  # our own write, already recorded from its answer
         self.cache[name] = obj
+        self._gone.pop(name, None)
         return True
 
     def _remove(self, obj: Obj) -> bool:

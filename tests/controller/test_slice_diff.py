@@ -160,6 +160,10 @@ def _server_time_added(obj: Obj) -> None:
     obj["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-11-22T04:00:00Z"
 
 
+def _as_list_item(obj: Obj) -> None:
+    del obj["kind"], obj["apiVersion"]
+
+
 def _extra_owner(obj: Obj) -> None:
     obj["metadata"]["ownerReferences"].append(
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "other"})
@@ -171,7 +175,7 @@ EQUAL: list[tuple[str, Mutation]] = [
     ("foreign label and annotation", lambda obj: obj["metadata"].update(
         labels={**obj["metadata"]["labels"], "team": "ml"}, annotations={"a": "b"})),
     ("another owner next to ours", _extra_owner),
-    ("no kind or apiVersion (list item)", lambda obj: [obj.pop("kind"), obj.pop("apiVersion")]),
+    ("no kind or apiVersion (list item)", _as_list_item),
     ("capacity in another unit", _set("spec.devices[0].capacity.memory.value", "81920Mi")),
     ("capacity as plain bytes", _set("spec.devices[0].capacity.memory.value", str(80 * GIB))),
     ("capacity 132 as 132000m", _set("spec.devices[0].capacity.multiprocessors.value",

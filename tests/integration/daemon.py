@@ -121,7 +121,7 @@ class Daemon:
 def claim_object(
     name: str, *, devices: Sequence[str] = ("gpu-0",), request: str = "gpu", node: str = "node-a",
     driver: str = DRIVER, configs: Sequence[dict[str, Any]] = (), allocated: bool = True,
-    namespace: str = "default",
+    namespace: str = "default", admin_access: bool = False,
 ) -> dict[str, Any]:
     """A ResourceClaim as the scheduler leaves it: spec plus status.allocation."""
     obj: dict[str, Any] = {
@@ -133,7 +133,8 @@ def claim_object(
     }
     if allocated:
         obj["status"] = {"allocation": {"devices": {
-            "results": [{"request": request, "driver": driver, "pool": node, "device": d}
+            "results": [{"request": request, "driver": driver, "pool": node, "device": d,
+                         **({"adminAccess": True} if admin_access else {})}
                         for d in devices],
             "config": list(configs),
         }, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
