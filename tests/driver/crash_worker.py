@@ -34,6 +34,8 @@ def main() -> None:
     node = start_node(Path(root))
     if action == "prepare":
         node.state.prepare(crash_claim(uid, *devices))
+    elif action == "prepare-plain":  # no config, no MIG: only the CDI spec is written
+        node.state.prepare(claim(uid, *devices))
     else:
         node.state.unprepare(uid)
     node.close()

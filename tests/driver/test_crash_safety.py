@@ -20,13 +20,14 @@ UID = "33333333-3333-4333-8333-333333333333"
 DEVICES = ("gpu-0-mig-3g40gb-9-4", "gpu-1-mig-1g10gb-19-6", "gpu-2")
 
 
-def run_worker(root: Path, action: str, crash_at: str | None) -> int:
+def run_worker(root: Path, action: str, crash_at: str | None,
+               devices: tuple[str, ...] = DEVICES) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(ENV, None)
     if crash_at:
         env[ENV] = crash_at
     done = subprocess.run(
-        [sys.executable, "-m", "tests.driver.crash_worker", str(root), action, UID, *DEVICES],
+        [sys.executable, "-m", "tests.driver.crash_worker", str(root), action, UID, *devices],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode not in (0, CRASH_EXIT_CODE):
         raise AssertionError(done.stderr)
@@ -88,3 +89,20 @@ def test_crash_during_unprepare_finishes_on_retry(point, tmp_path):
 def test_no_crash_leaves_a_prepared_claim(tmp_path):
     assert run_worker(tmp_path, "prepare", None) == 0
     assert_converged(tmp_path, prepared=True)
+
+
+@pytest.mark.parametrize("point", ["prepare:after-started", "prepare:after-cdi-write"])
+def test_crash_during_a_plain_full_gpu_prepare_leaves_no_stray_spec(point, tmp_path):
+    # Nothing on the GPU changes for this claim, so no PrepareStarted record is written;
+    # the CDI spec a crash may leave behind is removed by reconcile.
+    assert run_worker(tmp_path, "prepare-plain", point, ("gpu-4",)) == CRASH_EXIT_CODE
+    specs = tmp_path / "cdi"
+    if point == "prepare:after-cdi-write":
+        assert len(list(specs.glob("*.json"))) == 1  # the crash really left a spec behind
+    node = start_node(tmp_path)
+    try:
+        assert not specs.exists() or list(specs.glob("*")) == []
+        assert CheckpointStore(tmp_path / "plugin", boot_id="boot-1").load().claims == {}
+    finally:
+        node.close()
+        sim.uninstall()

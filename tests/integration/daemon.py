@@ -71,8 +71,11 @@ class Daemon:
         env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         if "GPUDRA_CRASH_AT" not in self.env:
             env.pop("GPUDRA_CRASH_AT", None)
-        self.process = subprocess.Popen(args, env=env, cwd=ROOT, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # A file, not a pipe: nobody reads a pipe while the daemon runs, and a full pipe
+        # would block the daemon's logging (and so the daemon) after ~64 KiB.
+        with self.log_path.open("a") as out:
+            self.process = subprocess.Popen(args, env=env, cwd=ROOT, text=True, stdout=out,
+                                            stderr=subprocess.STDOUT)
         if wait:
             self.wait_registered()
         return self
@@ -88,12 +91,12 @@ class Daemon:
             time.sleep(0.02)
         raise AssertionError(f"no registration socket after {timeout}s:\n{self.output()}")
 
+    @property
+    def log_path(self) -> Path:
+        return self.base / "node.log"
+
     def output(self) -> str:
-        if self.process is None or self.process.stdout is None:
-            return ""
-        if self.process.poll() is None:
-            return "(still running)"
-        return self.process.stdout.read()
+        return self.log_path.read_text() if self.log_path.exists() else ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         assert self.process is not None
@@ -105,9 +108,6 @@ class Daemon:
             self.process.kill()
             self.process.wait()
             raise
-        if self.process.stdout is not None:
-            self._log = self.process.stdout.read()
-            self.process.stdout.close()
         return code
 
     def kill(self) -> None:
@@ -115,7 +115,7 @@ class Daemon:
 
     @property
     def log(self) -> str:
-        return getattr(self, "_log", "")
+        return self.output()
 
 
 def claim_object(
