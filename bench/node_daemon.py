@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import statistics
 import subprocess
 import time
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from gpudra.kubeletplugin.interfaces import ClaimRef
 from tests.fakeapi.server import FakeApiServer
-from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.daemon import Daemon, claim_object
 from tests.kubelet_emulator import KubeletEmulator
 
 
@@ -156,9 +155,6 @@ def steady(api: FakeApiServer, seconds: float) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
-    print(f"commit {head}")
     for run in range(args.runs):
         print(f"--- run {run + 1}/{args.runs}")
         with FakeApiServer() as api:
@@ -183,6 +179,9 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--steady", type=float, default=60.0)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+    print(f"commit {head}")
     asyncio.run(main_async(parser.parse_args()))
 
 
