@@ -206,3 +206,40 @@ def test_mps_daemon_lifecycle_and_cdi_edits(node):
     node.state.unprepare(UID1)
     assert not daemon_dir.exists()
     assert node.control.snapshot()["gpus"][6]["gpu_instances"] == []
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100"])
+def test_every_mig_profile_at_every_placement(profile, tmp_path):
+    node = start_node(tmp_path, profile)
+    try:
+        names = [d.name for d in node.state.index.devices.devices
+                 if d.group == "gpu-0" and d.type == "mig"]
+        assert len(names) == 25
+        for i, name in enumerate(names):
+            uid = f"{i:08d}-aaaa-4000-8000-000000000000"
+            node.state.prepare(claim(uid, name))
+            (gi,) = mig_instances(node, 0)
+            ref = name.rsplit("-", 2)
+            assert (gi["profile_id"], gi["placement"]["start"]) == (int(ref[1]), int(ref[2]))
+            node.state.unprepare(uid)
+            assert mig_instances(node, 0) == []
+    finally:
+        node.close()
+        sim.uninstall()
+
+
+def test_invalid_configs_change_nothing_on_the_gpu(node):
+    from tests.api.test_configs import INVALID
+
+    before = node.control.snapshot()
+    for case, parameters, expected in INVALID:
+        if not isinstance(parameters, dict):
+            continue  # JSON text and non-objects are refused before reaching the driver
+        config = OpaqueConfig(requests=(), parameters=parameters)
+        devices = ("gpu-0-mig-1g10gb-19-0" if parameters.get("kind") == "MigDeviceConfig"
+                   else "gpu-0",)
+        with pytest.raises(ClaimError) as info:
+            node.state.prepare(claim(UID1, *devices, configs=(config,)))
+        assert expected.split(":")[0] in str(info.value), case
+        assert node.control.snapshot()["gpus"] == before["gpus"], case
+        assert list(node.cdi_root.glob("*")) == [], case

@@ -141,3 +141,27 @@ def test_sigterm_removes_sockets_and_exits_zero(daemon):
     assert len(daemon.sockets()) == 2
     assert daemon.stop() == 0
     assert daemon.sockets() == []
+
+
+async def test_static_mig_devices_prepare_without_touching_the_layout(fake_api):
+    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+    daemon = Daemon(fake_api.url, profile="dgx-a100-static-mig").start()
+    try:
+        from gpudra.driver.sim import SimControl
+
+        before = SimControl(daemon.sim_state).snapshot()["gpus"]
+        ref = create_claim(fake_api, "static", devices=["gpu-1-mig-1g5gb-19-3",
+                                                        "gpu-0-mig-3g20gb-9-4"])
+        async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+            entry = (await kubelet.prepare([ref]))[ref.uid]
+            assert entry["error"] == ""
+            nodes = [n["path"] for d in cdi_spec(daemon, ref)["devices"]
+                     for n in d["containerEdits"]["deviceNodes"]]
+            assert "/dev/nvidia1" in nodes and "/dev/nvidia0" in nodes
+            assert sum(p.startswith("/dev/nvidia-caps/") for p in nodes) == 4
+            assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+        after = SimControl(daemon.sim_state).snapshot()["gpus"]
+        assert [g["gpu_instances"] for g in after] == [g["gpu_instances"] for g in before]
+    finally:
+        assert daemon.stop() == 0
+        shutil.rmtree(daemon.base, ignore_errors=True)
