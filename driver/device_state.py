@@ -15,7 +15,7 @@ import dataclasses
 import datetime
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,10 +125,17 @@ class DeviceState:
 
     def prepared(self, uid: str) -> list[PreparedResult] | None:
         """The kubelet answer for a claim already prepared, or ``None``."""
-        record = self.store.load().claims.get(uid)
-        if record is None or record.state != PREPARE_COMPLETED:
-            return None
-        return [self._result(d) for d in record.devices]
+        return self.prepared_many([uid]).get(uid)
+
+    def prepared_many(self, uids: Iterable[str]) -> dict[str, list[PreparedResult]]:
+        """Answers for those of ``uids`` already prepared (one checkpoint read)."""
+        claims = self.store.load().claims
+        found = {}
+        for uid in uids:
+            record = claims.get(uid)
+            if record is not None and record.state == PREPARE_COMPLETED:
+                found[uid] = [self._result(d) for d in record.devices]
+        return found
 
     @staticmethod
     def _result(device: PreparedDevice) -> PreparedResult:
@@ -144,19 +151,51 @@ class DeviceState:
 
     def prepare(self, claim: ClaimToPrepare) -> list[PreparedResult]:
         """Prepare one claim; idempotent. Raises :class:`ClaimError` and then changes nothing."""
+        result = self.prepare_many([claim])[claim.uid]
+        if isinstance(result, ClaimError):
+            raise result
+        return result
+
+    def prepare_many(
+        self, claims: Sequence[ClaimToPrepare]
+    ) -> dict[str, list[PreparedResult] | ClaimError]:
+        """Prepare a kubelet call's claims under one lock, each on its own (one failing
+        changes nothing for it and does not stop the others).
+
+        Claims that change nothing on a GPU are checkpointed together at the end: one
+        durable write per call instead of one per claim. Until then their only side effect
+        is their CDI spec, which reconcile removes if the process dies first.
+        """
+        out: dict[str, list[PreparedResult] | ClaimError] = {}
         with self._thread_lock, self.store.locked(self._lock_timeout):
             cp = self.store.load()
-            existing = cp.claims.get(claim.uid)
-            if existing is not None and existing.state == PREPARE_COMPLETED:
-                return [self._result(d) for d in existing.devices]
-            if existing is not None:
-                log.warning("rolling back an interrupted prepare", claim=claim.ref)
-                self._undo(existing, cp)
-                cp = without_claim(cp, claim.uid)
+            pending = False
+            for claim in claims:
+                try:
+                    out[claim.uid], cp, deferred = self._prepare_locked(claim, cp)
+                except ClaimError as exc:
+                    out[claim.uid] = exc
+                    continue
+                pending = pending or deferred
+            if pending:
                 self.store.save(cp)
-            plan = plan_claim(claim, self.index)
-            self._check_conflicts(plan, cp)
-            return self._execute(plan, cp)
+            metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+        return out
+
+    def _prepare_locked(
+        self, claim: ClaimToPrepare, cp: Checkpoint
+    ) -> tuple[list[PreparedResult], Checkpoint, bool]:
+        existing = cp.claims.get(claim.uid)
+        if existing is not None and existing.state == PREPARE_COMPLETED:
+            return [self._result(d) for d in existing.devices], cp, False
+        if existing is not None:
+            log.warning("rolling back an interrupted prepare", claim=claim.ref)
+            self._undo(existing, cp)
+            cp = without_claim(cp, claim.uid)
+            self.store.save(cp)
+        plan = plan_claim(claim, self.index)
+        self._check_conflicts(plan, cp)
+        return self._execute(plan, cp)
 
     def _check_conflicts(self, plan: PreparePlan, cp: Checkpoint) -> None:
         """The last line of defence: never hand out what another prepared claim holds."""
@@ -192,7 +231,11 @@ class DeviceState:
                 if not device.admin_access:
                     yield record, device
 
-    def _execute(self, plan: PreparePlan, cp: Checkpoint) -> list[PreparedResult]:
+    def _execute(
+        self, plan: PreparePlan, cp: Checkpoint
+    ) -> tuple[list[PreparedResult], Checkpoint, bool]:
+        """Do it; returns the results, the new checkpoint and whether saving it is left to
+        the caller (claims that touch no hardware)."""
         claim = plan.claim
         record = ClaimRecord(
             uid=claim.uid, namespace=claim.namespace, name=claim.name, state=PREPARE_STARTED,
@@ -205,7 +248,8 @@ class DeviceState:
                 cp = with_mig_mode_baseline(cp, step.target.parent_uuid,
                                             bool(mode and mode.current))
         cp = with_claim_started(cp, record)
-        if _touches_hardware(plan):
+        hardware = _touches_hardware(plan)
+        if hardware:
             self.store.save(cp)
         # else: the only side effect is the CDI spec, and a crash before PrepareCompleted
         # leaves a spec no completed claim owns, which reconcile removes; skipping this
@@ -222,7 +266,9 @@ class DeviceState:
             crash_point("prepare:after-cdi-write")
         except (NvmlError, cdi.CdiError, ClaimError, CommandError, OSError) as exc:
             self._undo(record, cp)
-            self.store.save(without_claim(self.store.load(), claim.uid))
+            if hardware:
+                # The in-memory checkpoint also holds this call's earlier, unsaved claims.
+                self.store.save(without_claim(cp, claim.uid))
             if isinstance(exc, ClaimError):
                 raise
             failed = _failed_step(plan, exc)
@@ -235,9 +281,9 @@ class DeviceState:
             for d in record.devices
         ]
         cp = with_claim_completed(cp, claim.uid, qualified)
-        self.store.save(cp)
-        metrics.PREPARED_CLAIMS.set(len(cp.completed()))
-        return [self._result(d) for d in qualified]
+        if hardware:
+            self.store.save(cp)
+        return [self._result(d) for d in qualified], cp, not hardware
 
     def _planned_device(self, step: DeviceStep) -> PreparedDevice:
         target = step.target
