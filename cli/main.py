@@ -3,31 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from gpudra.cli import demo_cmd, explain_cmd, inventory_cmd, node_cmd, sim_cmd, validate_cmd
 from gpudra.cli.options import CliError
 
+# Subcommand → module. Only the module of the command being run is imported, so the node
+# daemon does not pay for the CEL and allocator imports of `explain` at start-up.
+COMMANDS = {
+    "inventory": "inventory_cmd",
+    "explain": "explain_cmd",
+    "validate": "validate_cmd",
+    "node": "node_cmd",
+    "sim": "sim_cmd",
+    "demo": "demo_cmd",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpudra",
         description="Kubernetes DRA driver for NVIDIA GPUs (with a simulated GPU node).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    inventory_cmd.add_parser(sub)
-    explain_cmd.add_parser(sub)
-    validate_cmd.add_parser(sub)
-    node_cmd.add_parser(sub)
-    sim_cmd.add_parser(sub)
-    demo_cmd.add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(f"gpudra.cli.{module}").add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    first = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(first if first in COMMANDS else None)
+    args = parser.parse_args(words)
     try:
         result: int = args.run(args)
     except CliError as exc:

@@ -11,13 +11,12 @@ import argparse
 import asyncio
 import os
 import signal
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
-from kubernetes.aio import client as aio_client
-from kubernetes.aio import config as aio_config
 
 from gpudra.cli.grpc_probe import answers_get_info
 from gpudra.cli.http_probes import ProbeServer
@@ -29,7 +28,6 @@ from gpudra.cli.options import (
     feature_gates,
     node_name,
 )
-from gpudra.controller.publisher import SlicePublisher
 from gpudra.driver import cdi
 from gpudra.driver.checkpoint import CheckpointCorrupt, CheckpointStore
 from gpudra.driver.commands import CommandRunner, HostCommandRunner
@@ -42,8 +40,8 @@ from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpudra.driver.prepare_plan import NodeIndex
 from gpudra.driver.sim.commands import SimulatedCommandRunner
-from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 from gpudra.kubeletplugin.health_service import HealthService
+from gpudra.kubeletplugin.interfaces import ClaimPreparer, ClaimRef, PrepareOutcome
 from gpudra.kubeletplugin.preparer import Preparer
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.kubeletplugin.sockets import plugin_data_dir
@@ -167,7 +165,10 @@ def build_device_state(args: argparse.Namespace, paths: NodePaths, nvml: Nvml) -
     return state
 
 
-async def _api_client(kubeconfig: str | None) -> aio_client.ApiClient:
+async def _api_client(kubeconfig: str | None) -> Any:
+    from kubernetes.aio import client as aio_client
+    from kubernetes.aio import config as aio_config
+
     configuration = aio_client.Configuration()
     if kubeconfig:
         await aio_config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
@@ -182,56 +183,93 @@ async def _api_client(kubeconfig: str | None) -> aio_client.ApiClient:
     return aio_client.ApiClient(configuration)
 
 
+class _StartingPreparer:
+    """The kubelet's calls during start-up wait here until the node state is ready.
+
+    The gRPC sockets come up first, so registration answers within a second of start
+    (imports of the Kubernetes client and device discovery happen after); a prepare that
+    arrives meanwhile just waits for the state, well within the kubelet's 45 s deadline.
+    """
+
+    def __init__(self) -> None:
+        self._ready = asyncio.Event()
+        self._inner: ClaimPreparer | None = None
+
+    def ready(self, inner: ClaimPreparer) -> None:
+        self._inner = inner
+        self._ready.set()
+
+    async def _target(self) -> ClaimPreparer:
+        await self._ready.wait()
+        assert self._inner is not None
+        return self._inner
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+        return await (await self._target()).prepare(claims)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        return await (await self._target()).unprepare(claims)
+
+
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """Run the daemon until ``stop`` is set."""
     paths = resolve_paths(args)
     paths.data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        nvml = open_nvml(simulate=args.simulate, sim_state=paths.sim_state,
-                         driver_root=paths.driver_root)
-    except NvmlUnavailable as exc:
-        raise CliError(str(exc)) from exc
-    api = None
-    server = None
-    probes = None
+    policy = _health_policy(args)
+    gates = feature_gates(args)
+    starting = _StartingPreparer()
     monitor: HealthMonitor | None = None
+    state: DeviceState | None = None
+    health: HealthService | None = None
+    if gates.enabled("DeviceHealthCheck"):
+        health = HealthService(node_name(args), lambda: (
+            monitor.device_health(state.index.devices)
+            if monitor is not None and state is not None else ()))
+    server = PluginServer(args.driver_name, args.registrar_dir, args.plugins_dir,
+                          args.pod_uid, starting, health_servicer=health)
+    await server.start()
+    api: Any = None
+    probes = None
+    nvml: Nvml | None = None
     publish_task: asyncio.Task[None] | None = None
     try:
-        policy = _health_policy(args)
+        try:
+            nvml = open_nvml(simulate=args.simulate, sim_state=paths.sim_state,
+                             driver_root=paths.driver_root)
+        except NvmlUnavailable as exc:
+            raise CliError(str(exc)) from exc
         state = await asyncio.to_thread(build_device_state, args, paths, nvml)
+        # The Kubernetes client is the heaviest import; it is not needed to register.
+        from gpudra.controller.publisher import SlicePublisher
+        from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+
         api = await _api_client(args.kubeconfig)
-        preparer = Preparer(driver=args.driver_name, fetcher=ClaimFetcher(api), state=state)
+        starting.ready(Preparer(driver=args.driver_name, fetcher=ClaimFetcher(api),
+                                state=state))
         publisher = SlicePublisher(api, driver=args.driver_name, node_name=node_name(args))
-        health: HealthService | None = None
-        if feature_gates(args).enabled("DeviceHealthCheck"):
+        if health is not None:
             loop = asyncio.get_running_loop()
+            node_state = state
 
             def refresh() -> None:
                 assert monitor is not None and health is not None
-                publisher.update(monitor.apply(state.index.devices))
+                publisher.update(monitor.apply(node_state.index.devices))
                 health.notify()
 
             def changed() -> None:  # called from the watcher thread
                 loop.call_soon_threadsafe(refresh)
 
             monitor = HealthMonitor(nvml, _watched_gpus(state), policy, on_change=changed)
-            health = HealthService(node_name(args),
-                                   lambda: monitor.device_health(state.index.devices)
-                                   if monitor is not None else ())
-        server = PluginServer(args.driver_name, args.registrar_dir, args.plugins_dir,
-                              args.pod_uid, preparer, health_servicer=health)
-        await server.start()
-        if monitor is not None:
             monitor.start()
             publisher.update(monitor.apply(state.index.devices))
+            health.notify()
         else:
             publisher.update(state.index.devices)
         publish_task = asyncio.create_task(publisher.run(), name="publisher")
         if args.http_address:
             probes = ProbeServer(args.http_address,
                                  live=lambda: answers_get_info(server.registration_socket_path),
-                                 ready=lambda: (server is not None
-                                                and server.registration.registered.is_set()
+                                 ready=lambda: (server.registration.registered.is_set()
                                                 and publisher.synced.is_set()))
             probes.start()
         log.info("node daemon running", node=node_name(args), driver=args.driver_name,
@@ -239,8 +277,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await stop.wait()
         log.info("shutting down")
     finally:
-        if server is not None:
-            await server.stop(args.shutdown_grace)
+        await server.stop(args.shutdown_grace)
         if publish_task is not None:
             publish_task.cancel()
             await asyncio.gather(publish_task, return_exceptions=True)
@@ -249,8 +286,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         if monitor is not None:
             await asyncio.to_thread(monitor.stop)
         if api is not None:
-            await api.close()  # type: ignore[no-untyped-call]
-        nvml.shutdown()
+            await api.close()
+        if nvml is not None:
+            nvml.shutdown()
 
 
 def _health_policy(args: argparse.Namespace) -> HealthPolicy:

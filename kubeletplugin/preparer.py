@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -18,8 +19,10 @@ from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, PreparedResult
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 from gpudra.kubeletplugin.interfaces import ClaimRef, PreparedDeviceResult, PrepareOutcome
+
+if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
+    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 
 log = structlog.get_logger(__name__)
 

@@ -84,7 +84,8 @@ class Daemon:
         deadline = time.monotonic() + timeout
         sock = self.registrar / f"{DRIVER}-reg.sock"
         while time.monotonic() < deadline:
-            if sock.exists():
+            # Sockets come up first; "running" means the node state is ready too.
+            if sock.exists() and "node daemon running" in self.output():
                 return
             if self.process is not None and self.process.poll() is not None:
                 raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.output()}")
