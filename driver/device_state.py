@@ -170,15 +170,22 @@ class DeviceState:
         with self._thread_lock, self.store.locked(self._lock_timeout):
             cp = self.store.load()
             pending = False
-            for claim in claims:
-                try:
-                    out[claim.uid], cp, deferred = self._prepare_locked(claim, cp)
-                except ClaimError as exc:
-                    out[claim.uid] = exc
-                    continue
-                pending = pending or deferred
-            if pending:
-                self.store.save(cp)
+            try:
+                for claim in claims:
+                    try:
+                        out[claim.uid], cp, deferred = self._prepare_locked(claim, cp)
+                    except ClaimError as exc:
+                        out[claim.uid] = exc
+                        continue
+                    except (NvmlError, CommandError, cdi.CdiError, OSError) as exc:
+                        # One claim's failure is that claim's error; it must not lose the
+                        # results (and deferred checkpoint state) of the others.
+                        out[claim.uid] = ClaimError(f"claim {claim.ref}: {exc}")
+                        continue
+                    pending = pending or deferred
+            finally:
+                if pending:
+                    self.store.save(cp)
             metrics.PREPARED_CLAIMS.set(len(cp.completed()))
         return out
 
@@ -237,16 +244,21 @@ class DeviceState:
         """Do it; returns the results, the new checkpoint and whether saving it is left to
         the caller (claims that touch no hardware)."""
         claim = plan.claim
+        self._preflight(plan)
+        restore: dict[str, Any] = {}
+        for step in plan.steps:
+            if isinstance(step.target, DynamicMigTarget):
+                parent = step.target.parent_uuid
+                mode = self.nvml.mig_mode(parent)
+                cp = with_mig_mode_baseline(cp, parent, bool(mode and mode.current))
+                # What already exists is never ours: crash recovery must not destroy it.
+                restore.setdefault("preexistingMig", {})[parent] = sorted(
+                    i.gpu_instance_id for i in self._safe_instances(parent))
         record = ClaimRecord(
             uid=claim.uid, namespace=claim.namespace, name=claim.name, state=PREPARE_STARTED,
             devices=[self._planned_device(step) for step in plan.steps],
-            restore={}, started_at=_now(),
+            restore=restore, started_at=_now(),
         )
-        for step in plan.steps:
-            if isinstance(step.target, DynamicMigTarget):
-                mode = self.nvml.mig_mode(step.target.parent_uuid)
-                cp = with_mig_mode_baseline(cp, step.target.parent_uuid,
-                                            bool(mode and mode.current))
         cp = with_claim_started(cp, record)
         hardware = _touches_hardware(plan)
         if hardware:
@@ -255,8 +267,9 @@ class DeviceState:
         # leaves a spec no completed claim owns, which reconcile removes; skipping this
         # durable write saves two fsyncs on the common full-GPU path.
         crash_point("prepare:after-started")
+        progress = [record]
         try:
-            record = self._apply(plan, record, cp)
+            record = self._apply(plan, progress, cp)
             cp = dataclasses.replace(cp, claims={**cp.claims, claim.uid: record})
             specs = [self._cdi_device(claim.uid, step, device)
                      for step, device in zip(plan.steps, record.devices, strict=True)]
@@ -265,7 +278,8 @@ class DeviceState:
             cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid)
             crash_point("prepare:after-cdi-write")
         except (NvmlError, cdi.CdiError, ClaimError, CommandError, OSError) as exc:
-            self._undo(record, cp)
+            # Undo what was really done: the latest record, not the plan we started from.
+            self._undo(progress[-1], cp)
             if hardware:
                 # The in-memory checkpoint also holds this call's earlier, unsaved claims.
                 self.store.save(without_claim(cp, claim.uid))
@@ -313,10 +327,20 @@ class DeviceState:
             parent_uuid=parent, mig=mig, admin_access=step.allocated.admin_access,
         )
 
-    def _apply(self, plan: PreparePlan, record: ClaimRecord, cp: Checkpoint) -> ClaimRecord:
-        """Create MIG devices and apply settings, checkpointing each irreversible step."""
+    def _apply(
+        self, plan: PreparePlan, progress: list[ClaimRecord], cp: Checkpoint
+    ) -> ClaimRecord:
+        """Create MIG devices and apply settings, checkpointing each irreversible step.
+
+        ``progress[-1]`` always holds what has really been done, so a caller that catches
+        an exception undoes exactly that.
+        """
+        record = progress[-1]
         devices = list(record.devices)
         restore: dict[str, Any] = dict(record.restore)
+        # MIG intents stay `created` with ids -1 until the device exists: undo (now or after
+        # a crash) then looks them up by placement, skipping devices that predate the claim
+        # (restore["preexistingMig"]), so a placement held by someone else is never touched.
         for i, step in enumerate(plan.steps):
             if isinstance(step.target, DynamicMigTarget):
                 instance = self._create_mig(plan.claim, step.target)
@@ -328,6 +352,7 @@ class DeviceState:
                     compute_instance_id=instance.compute_instance_id, mig_uuid=instance.uuid)
                 devices[i] = dataclasses.replace(devices[i], uuid=instance.uuid, mig=created)
                 record = dataclasses.replace(record, devices=list(devices))
+                progress.append(record)
                 self.store.save(with_claim_started(cp, record))
                 crash_point("prepare:after-mig-recorded")
         mps_uuids: list[str] = []
@@ -335,27 +360,49 @@ class DeviceState:
         for i, step in enumerate(plan.steps):
             if step.allocated.admin_access or step.config is None:
                 continue  # nothing asked: touch nothing (no implicit time-slicing)
-            restore = self._apply_settings(plan.claim, step, devices[i], restore)
-            record = dataclasses.replace(record, devices=list(devices), restore=dict(restore))
+            try:
+                restore = self._apply_settings(plan.claim, step, devices[i], restore)
+            finally:  # settings applied before a failure must be restored too
+                record = dataclasses.replace(record, devices=list(devices),
+                                             restore=dict(restore))
+                progress.append(record)
             self.store.save(with_claim_started(cp, record))
             sharing = step.config.sharing
             if sharing is not None and sharing.strategy == "MPS":
                 mps_uuids.append(str(devices[i].uuid))
-                if mps_config is not None and sharing.mps_config != mps_config:
-                    raise ClaimError(f"claim {plan.claim.ref}: all MPS devices of one claim "
-                                     "share one MPS daemon and must have the same mpsConfig")
                 mps_config = sharing.mps_config or mps_config
         if mps_uuids:
-            if self.mps is None:
-                raise ClaimError(f"claim {plan.claim.ref}: MPS is not enabled on this node "
-                                 "(feature gate MPSSupport)")
+            assert self.mps is not None  # checked in _preflight
             # Record before starting, so a crash mid-start is rolled back (daemon stopped).
             restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids}
             record = dataclasses.replace(record, devices=list(devices), restore=dict(restore))
+            progress.append(record)
             self.store.save(with_claim_started(cp, record))
             self.mps.start(plan.claim.uid, mps_uuids, mps_config)
         crash_point("prepare:after-settings")
         return dataclasses.replace(record, devices=devices, restore=restore)
+
+    def _preflight(self, plan: PreparePlan) -> None:
+        """Everything about a claim that can be refused without touching anything."""
+        claim = plan.claim
+        mps_configs = []
+        for step in plan.steps:
+            config = step.config
+            if config is None or step.allocated.admin_access or config.sharing is None:
+                continue
+            if config.sharing.strategy == "MPS":
+                if self.mps is None:
+                    raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r} asks "
+                                     "for MPS, which is not enabled on this node (feature gate "
+                                     "MPSSupport)")
+                mps_configs.append(config.sharing.mps_config)
+            elif isinstance(config, GpuConfig) and self.commands is None:
+                raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r} asks for "
+                                 "time-slicing, which is not enabled on this node (feature gate "
+                                 "TimeSlicingSettings)")
+        if len({repr(c) for c in mps_configs}) > 1:
+            raise ClaimError(f"claim {claim.ref}: all MPS devices of one claim share one MPS "
+                             "daemon and must have the same mpsConfig")
 
     def _create_mig(self, claim: ClaimToPrepare, target: DynamicMigTarget) -> MigInstance:
         mode = self.nvml.mig_mode(target.parent_uuid)
@@ -467,12 +514,15 @@ class DeviceState:
         crash_point("unprepare:after-settings-restored")
         owned = self._owned_elsewhere(cp, record.uid)
         parents: set[str] = set()
+        preexisting = {parent: set(ids) for parent, ids in
+                       (record.restore.get("preexistingMig") or {}).items()}
         for device in record.devices:
             mig = device.mig
-            if mig is None or not mig.created:
-                continue
-            parents.add(mig.parent_uuid)
-            self._destroy(mig, owned)
+            if mig is None or mig.profile_id < 0:
+                continue  # static MIG: never ours to destroy
+            parents.add(mig.parent_uuid)  # MIG mode may have been turned on for it
+            if mig.created:
+                self._destroy(mig, owned, preexisting.get(mig.parent_uuid, set()))
         crash_point("unprepare:after-mig-destroy")
         for parent in parents:
             self._restore_mig_mode(parent, cp)
@@ -492,14 +542,17 @@ class DeviceState:
                     owned.add((m.parent_uuid, m.profile_id, m.placement_start))
         return owned
 
-    def _destroy(self, mig: MigRecord, owned: set[tuple[str, int, int]]) -> None:
+    def _destroy(
+        self, mig: MigRecord, owned: set[tuple[str, int, int]], preexisting: set[int]
+    ) -> None:
         if (mig.parent_uuid, mig.profile_id, mig.placement_start) in owned:
             return  # another claim's; never ours to destroy
         gi, ci = mig.gpu_instance_id, mig.compute_instance_id
         if gi < 0:
-            # Crashed between create and record: find it by what the name encodes.
+            # Crashed between create and record: find it by what the name encodes, but
+            # never a device that existed before this claim started.
             live = self._find_live(mig.parent_uuid, mig.profile_id, mig.placement_start)
-            if live is None:
+            if live is None or live.gpu_instance_id in preexisting:
                 return
             gi, ci = live.gpu_instance_id, live.compute_instance_id
         started = time.perf_counter()

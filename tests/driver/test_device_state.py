@@ -243,3 +243,56 @@ def test_invalid_configs_change_nothing_on_the_gpu(node):
         assert expected.split(":")[0] in str(info.value), case
         assert node.control.snapshot()["gpus"] == before["gpus"], case
         assert list(node.cdi_root.glob("*")) == [], case
+
+
+def test_refused_mps_changes_nothing(node):
+    node.state.mps = None  # feature gate MPSSupport off
+    config = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}})
+    before = node.control.snapshot()["gpus"]
+    with pytest.raises(ClaimError, match="MPS, which is not enabled"):
+        node.state.prepare(claim(UID1, "gpu-5", configs=(config,)))
+    assert node.control.snapshot()["gpus"] == before
+
+
+def test_settings_applied_before_a_failure_are_restored(node):
+    from gpudra.driver.commands import CommandError
+
+    class Failing:
+        def run(self, argv, *, env=None, stdin=None):
+            raise CommandError(f"{argv[0]}: simulated failure")
+
+    node.state.commands = Failing()
+    exclusive = OpaqueConfig(requests=("a",), parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "computeMode": "ExclusiveProcess"})
+    sliced = OpaqueConfig(requests=("b",), parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}})
+    base = claim(UID1, "gpu-2", "gpu-3", configs=(exclusive, sliced))
+    two = type(base)(uid=base.uid, namespace=base.namespace, name=base.name, configs=base.configs,
+                     devices=(type(base.devices[0])(request="a", pool="node-a", device="gpu-2"),
+                              type(base.devices[0])(request="b", pool="node-a", device="gpu-3")))
+    with pytest.raises(ClaimError, match="simulated failure"):
+        node.state.prepare(two)
+    gpus = node.control.snapshot()["gpus"]
+    assert gpus[2]["compute_mode"] == 0 and gpus[3]["compute_mode"] == 0
+
+
+def test_a_failed_create_never_destroys_the_device_in_the_way(node):
+    gpu0 = next(d for d in node.state.index.devices.devices if d.name == "gpu-0")
+    uuid = str(gpu0.attributes["uuid"])
+    node.nvml.set_mig_mode(uuid, True)
+    one_g = {p.profile_id: p for p in node.nvml.mig_profiles(uuid, 81559 << 20)}[19]
+    admin = node.nvml.create_mig_device(uuid, one_g, one_g.placements[0])
+    with pytest.raises(ClaimError, match="placement is taken"):
+        node.state.prepare(claim(UID1, "gpu-0-mig-1g10gb-19-0"))
+    assert [m.uuid for m in node.nvml.mig_instances(uuid)] == [admin.uuid]
+
+
+def test_one_failing_claim_in_a_call_keeps_the_others(node):
+    node.control.set_gpu_lost(1, True)
+    results = node.state.prepare_many([claim(UID1, "gpu-5"),
+                                       claim(UID2, "gpu-1-mig-1g10gb-19-0")])
+    assert isinstance(results[UID2], ClaimError)
+    assert not isinstance(results[UID1], ClaimError)
+    assert node.state.prepared(UID1) is not None  # checkpointed despite the other's failure
+    node.control.set_gpu_lost(1, False)
