@@ -11,10 +11,11 @@ import argparse
 import asyncio
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -29,10 +30,11 @@ from gpudra.cli.options import (
     node_name,
 )
 from gpudra.driver import cdi
-from gpudra.driver.checkpoint import CheckpointCorrupt, CheckpointStore
+from gpudra.driver.checkpoint import CheckpointCorrupt, CheckpointError, CheckpointStore
 from gpudra.driver.commands import CommandRunner, HostCommandRunner
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.device_state import DeviceState
+from gpudra.driver.faults import delay_point
 from gpudra.driver.health import HealthPolicy, parse_xids
 from gpudra.driver.health_monitor import HealthMonitor
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
@@ -131,6 +133,8 @@ def _open_checkpoint(data_dir: Path) -> CheckpointStore:
 
 
 def build_device_state(args: argparse.Namespace, paths: NodePaths, nvml: Nvml) -> DeviceState:
+    log.info("discovering devices", simulate=args.simulate)
+    delay_point("start:discovery")
     gates = feature_gates(args)
     resolver = simulated_pcie_root if args.simulate else sysfs_pcie_root
     inventory = read_inventory(nvml, pcie_root=resolver)
@@ -171,8 +175,13 @@ async def _api_client(kubeconfig: str | None) -> Any:
 
     configuration = aio_client.Configuration()
     if kubeconfig:
-        await aio_config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
-                                          client_configuration=configuration)
+        if not Path(kubeconfig).is_file():  # noqa: ASYNC240 - one stat at start-up
+            raise CliError(f"--kubeconfig {kubeconfig}: no such file")
+        try:
+            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration)
+        except Exception as exc:  # ConfigException, YAML errors, bad certificates …
+            raise CliError(f"--kubeconfig {kubeconfig}: {exc}") from exc
     else:
         try:
             aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
@@ -211,84 +220,151 @@ class _StartingPreparer:
         return await (await self._target()).unprepare(claims)
 
 
+T = TypeVar("T")
+
+
+async def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking start-up work in a daemon thread.
+
+    Unlike ``asyncio.to_thread``, a SIGTERM during slow device discovery does not have to
+    wait for it: the interpreter does not join daemon threads at exit.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task, not lost in the thread
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+
+    threading.Thread(target=work, name="start-up", daemon=True).start()
+    return await future
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+@dataclass
+class _Runtime:
+    """What the daemon has started so far; closed in reverse order, whatever happened."""
+
+    server: PluginServer | None = None
+    nvml: Nvml | None = None
+    api: Any = None
+    monitor: HealthMonitor | None = None
+    probes: ProbeServer | None = None
+    publish_task: asyncio.Task[None] | None = None
+
+    async def close(self, grace: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)  # sockets go first: the kubelet sees us leave
+        if self.publish_task is not None:
+            self.publish_task.cancel()
+            await asyncio.gather(self.publish_task, return_exceptions=True)
+        if self.probes is not None:
+            self.probes.stop()
+        if self.monitor is not None:
+            await asyncio.to_thread(self.monitor.stop)
+        if self.api is not None:
+            await self.api.close()
+        if self.nvml is not None:
+            self.nvml.shutdown()
+
+
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    """Run the daemon until ``stop`` is set."""
+    """Run the daemon until ``stop`` is set (also during start-up: SIGTERM is honoured
+    while devices are still being discovered, and nothing is left behind)."""
+    runtime = _Runtime()
+    startup = asyncio.create_task(_start(args, runtime), name="startup")
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    try:
+        done, _ = await asyncio.wait({startup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if startup in done:
+            startup.result()  # start-up errors surface here
+            await stopping
+        else:
+            startup.cancel()
+            await asyncio.gather(startup, return_exceptions=True)
+        log.info("shutting down")
+    finally:
+        stopping.cancel()
+        await runtime.close(args.shutdown_grace)
+
+
+async def _start(args: argparse.Namespace, runtime: _Runtime) -> None:
     paths = resolve_paths(args)
     paths.data_dir.mkdir(parents=True, exist_ok=True)
     policy = _health_policy(args)
     gates = feature_gates(args)
-    starting = _StartingPreparer()
+    if args.simulate:
+        from gpudra.driver import sim
+
+        if args.simulate not in sim.node_profiles():
+            raise CliError(f"--simulate: unknown node profile {args.simulate!r} "
+                           f"(known: {', '.join(sim.node_profiles())})")
+    try:
+        runtime.nvml = nvml = open_nvml(simulate=args.simulate, sim_state=paths.sim_state,
+                                        driver_root=paths.driver_root)
+    except NvmlUnavailable as exc:
+        raise CliError(str(exc)) from exc
+    try:
+        state = await _in_daemon_thread(build_device_state, args, paths, nvml)
+    except CheckpointError as exc:  # e.g. the previous pod still holds the lock
+        raise CliError(f"checkpoint: {exc}") from exc
     monitor: HealthMonitor | None = None
-    state: DeviceState | None = None
     health: HealthService | None = None
     if gates.enabled("DeviceHealthCheck"):
         health = HealthService(node_name(args), lambda: (
-            monitor.device_health(state.index.devices)
-            if monitor is not None and state is not None else ()))
-    server = PluginServer(args.driver_name, args.registrar_dir, args.plugins_dir,
-                          args.pod_uid, starting, health_servicer=health)
+            monitor.device_health(state.index.devices) if monitor is not None else ()))
+    # Register once the node state is ready; calls that arrive while the Kubernetes client
+    # (the heaviest import, not needed to register) loads wait for it in _StartingPreparer.
+    starting = _StartingPreparer()
+    runtime.server = server = PluginServer(args.driver_name, args.registrar_dir,
+                                           args.plugins_dir, args.pod_uid, starting,
+                                           health_servicer=health)
     await server.start()
-    api: Any = None
-    probes = None
-    nvml: Nvml | None = None
-    publish_task: asyncio.Task[None] | None = None
-    try:
-        try:
-            nvml = open_nvml(simulate=args.simulate, sim_state=paths.sim_state,
-                             driver_root=paths.driver_root)
-        except NvmlUnavailable as exc:
-            raise CliError(str(exc)) from exc
-        state = await asyncio.to_thread(build_device_state, args, paths, nvml)
-        # The Kubernetes client is the heaviest import; it is not needed to register.
-        from gpudra.controller.publisher import SlicePublisher
-        from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+    from gpudra.controller.publisher import SlicePublisher
+    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 
-        api = await _api_client(args.kubeconfig)
-        starting.ready(Preparer(driver=args.driver_name, fetcher=ClaimFetcher(api),
-                                state=state))
-        publisher = SlicePublisher(api, driver=args.driver_name, node_name=node_name(args))
-        if health is not None:
-            loop = asyncio.get_running_loop()
-            node_state = state
+    runtime.api = api = await _api_client(args.kubeconfig)
+    starting.ready(Preparer(driver=args.driver_name, fetcher=ClaimFetcher(api), state=state))
+    publisher = SlicePublisher(api, driver=args.driver_name, node_name=node_name(args))
+    if health is not None:
+        loop = asyncio.get_running_loop()
 
-            def refresh() -> None:
-                assert monitor is not None and health is not None
-                publisher.update(monitor.apply(node_state.index.devices))
-                health.notify()
-
-            def changed() -> None:  # called from the watcher thread
-                loop.call_soon_threadsafe(refresh)
-
-            monitor = HealthMonitor(nvml, _watched_gpus(state), policy, on_change=changed)
-            monitor.start()
+        def refresh() -> None:
+            assert monitor is not None and health is not None
             publisher.update(monitor.apply(state.index.devices))
             health.notify()
-        else:
-            publisher.update(state.index.devices)
-        publish_task = asyncio.create_task(publisher.run(), name="publisher")
-        if args.http_address:
-            probes = ProbeServer(args.http_address,
-                                 live=lambda: answers_get_info(server.registration_socket_path),
-                                 ready=lambda: (server.registration.registered.is_set()
-                                                and publisher.synced.is_set()))
-            probes.start()
-        log.info("node daemon running", node=node_name(args), driver=args.driver_name,
-                 devices=len(state.index.devices.devices), simulate=args.simulate)
-        await stop.wait()
-        log.info("shutting down")
-    finally:
-        await server.stop(args.shutdown_grace)
-        if publish_task is not None:
-            publish_task.cancel()
-            await asyncio.gather(publish_task, return_exceptions=True)
-        if probes is not None:
-            probes.stop()
-        if monitor is not None:
-            await asyncio.to_thread(monitor.stop)
-        if api is not None:
-            await api.close()
-        if nvml is not None:
-            nvml.shutdown()
+
+        def changed() -> None:  # called from the watcher thread
+            loop.call_soon_threadsafe(refresh)
+
+        runtime.monitor = monitor = HealthMonitor(nvml, _watched_gpus(state), policy,
+                                                  on_change=changed)
+        monitor.start()
+        publisher.update(monitor.apply(state.index.devices))
+        health.notify()
+    else:
+        publisher.update(state.index.devices)
+    runtime.publish_task = asyncio.create_task(publisher.run(), name="publisher")
+    if args.http_address:
+        runtime.probes = ProbeServer(
+            args.http_address,
+            live=lambda: answers_get_info(server.registration_socket_path),
+            ready=lambda: server.registration.registered.is_set() and publisher.synced.is_set())
+        runtime.probes.start()
+    log.info("node daemon running", node=node_name(args), driver=args.driver_name,
+             devices=len(state.index.devices.devices), simulate=args.simulate)
 
 
 def _health_policy(args: argparse.Namespace) -> HealthPolicy:

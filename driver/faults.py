@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 ENV = "GPUDRA_CRASH_AT"
 CRASH_EXIT_CODE = 86
@@ -23,6 +24,19 @@ POINTS = (
     "unprepare:after-mig-destroy",
     "unprepare:after-cdi-remove",
 )
+
+
+DELAY_ENV = "GPUDRA_DELAY_AT"
+DELAY_POINTS = ("start:discovery",)
+
+
+def delay_point(name: str) -> None:
+    """Sleep here when ``GPUDRA_DELAY_AT=<point>=<seconds>`` (slow hardware, in tests)."""
+    if name not in DELAY_POINTS:
+        raise ValueError(f"unknown delay point {name!r}")
+    point, _, seconds = os.environ.get(DELAY_ENV, "").partition("=")
+    if point == name and seconds:
+        time.sleep(float(seconds))
 
 
 def crash_point(name: str) -> None:

@@ -28,26 +28,19 @@ class ClaimFetcher:
     async def fetch(self, namespace: str, name: str, uid: str) -> Mapping[str, Any]:
         ref = f"{namespace}/{name}:{uid}"
         try:
-            response = await asyncio.wait_for(
-                self._api.read_namespaced_resource_claim_without_preload_content(name, namespace),
-                self._timeout,
-            )
+            # One deadline for headers and body: a stalled body must not hang the call.
+            status, body = await asyncio.wait_for(self._get(name, namespace), self._timeout)
         except TimeoutError as exc:
             raise ClaimFetchError(f"claim {ref}: API server did not answer within "
                                   f"{self._timeout:g}s") from exc
         except client.ApiException as exc:
             raise ClaimFetchError(f"claim {ref}: API error {exc.status}: {exc.reason}") from exc
-        except Exception as exc:  # aiohttp connection errors and the like
+        except Exception as exc:  # aiohttp connection and payload errors and the like
             raise ClaimFetchError(f"claim {ref}: cannot reach the API server: {exc}") from exc
-        try:
-            body = await response.read()
-        finally:
-            response.release()
-        if response.status == 404:
+        if status == 404:
             raise ClaimFetchError(f"claim {ref}: not found in the API server")
-        if response.status >= 400:
-            raise ClaimFetchError(f"claim {ref}: API error {response.status}: "
-                                  f"{_status_message(body)}")
+        if status >= 400:
+            raise ClaimFetchError(f"claim {ref}: API error {status}: {_status_message(body)}")
         try:
             data = json.loads(body)
         except json.JSONDecodeError as exc:
@@ -55,6 +48,14 @@ class ClaimFetcher:
         if not isinstance(data, dict):
             raise ClaimFetchError(f"claim {ref}: API server sent {type(data).__name__}")
         return data
+
+    async def _get(self, name: str, namespace: str) -> tuple[int, bytes]:
+        response = await self._api.read_namespaced_resource_claim_without_preload_content(
+            name, namespace)
+        try:
+            return int(response.status), await response.read()
+        finally:
+            response.release()
 
     async def fetch_all(
         self, refs: Sequence[tuple[str, str, str]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -165,3 +166,50 @@ async def test_static_mig_devices_prepare_without_touching_the_layout(fake_api):
     finally:
         assert daemon.stop() == 0
         shutil.rmtree(daemon.base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig /nonexistent/kubeconfig: no such"),
+    (["--simulate", "nosuch"], "--simulate: unknown node profile 'nosuch'"),
+])
+def test_start_up_errors_are_one_line_and_leave_no_socket(extra, message, fake_api):
+    daemon = Daemon(fake_api.url, extra_args=extra)
+    try:
+        daemon.start(wait=False)
+        assert daemon.process is not None
+        assert daemon.process.wait(30) == 1
+        lines = [line for line in daemon.output().splitlines() if line.startswith("gpudra node")]
+        assert len(lines) == 1 and message in lines[0], daemon.output()
+        assert "Traceback" not in daemon.output()
+        assert daemon.sockets() == []
+    finally:
+        shutil.rmtree(daemon.base, ignore_errors=True)
+
+
+def test_sigterm_during_start_up_exits_promptly(daemon):
+    import time
+
+    daemon.start(wait=False)
+    time.sleep(0.3)  # still importing / discovering
+    started = time.monotonic()
+    # 0 once our handler is installed; a SIGTERM that beats it ends the process by default
+    assert daemon.stop() in (0, -signal.SIGTERM)
+    assert time.monotonic() - started < 10
+    assert daemon.sockets() == []
+
+
+def test_sigterm_while_discovering_devices_is_honoured(daemon):
+    import time
+
+    # A hook that makes device discovery slow, so the signal lands in the middle of it.
+    daemon.env["GPUDRA_DELAY_AT"] = "start:discovery=5"
+    daemon.start(wait=False)
+    log = daemon.base / "node.log"
+    deadline = time.monotonic() + 10
+    while "discovering devices" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    started = time.monotonic()
+    assert daemon.stop() == 0
+    assert time.monotonic() - started < 4  # did not wait for the 5 s discovery
+    assert daemon.sockets() == []
