@@ -193,11 +193,11 @@ async def _api_client(kubeconfig: str | None) -> Any:
 
 
 class _StartingPreparer:
-    """The kubelet's calls during start-up wait here until the node state is ready.
+    """Calls that arrive between registration and the API client being ready wait here.
 
-    The gRPC sockets come up first, so registration answers within a second of start
-    (imports of the Kubernetes client and device discovery happen after); a prepare that
-    arrives meanwhile just waits for the state, well within the kubelet's 45 s deadline.
+    The sockets come up as soon as the node's devices are known; importing and configuring
+    the Kubernetes client (the heaviest import, not needed to register) happens after, and
+    takes well under a second, far inside the kubelet's 45 s call deadline.
     """
 
     def __init__(self) -> None:
