@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,8 @@ from gpudra.driver.checkpoint import (
 )
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, PreparedResult
 from gpudra.driver.commands import CommandError, CommandRunner, set_time_slice
-from gpudra.driver.faults import crash_point
+from gpudra.driver.faults import crash_point, delay_point
+from gpudra.driver.gpu_locks import GpuLocks, GpuLockTimeout
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import (
     COMPUTE_MODE_DEFAULT,
@@ -119,7 +119,7 @@ class DeviceState:
         self.commands = commands
         self.mps = mps
         self._lock_timeout = lock_timeout
-        self._thread_lock = threading.Lock()
+        self.gpu_locks = GpuLocks(store.directory / "gpu-locks")
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -167,27 +167,76 @@ class DeviceState:
         is their CDI spec, which reconcile removes if the process dies first.
         """
         out: dict[str, list[PreparedResult] | ClaimError] = {}
-        with self._thread_lock, self.store.locked(self._lock_timeout):
-            cp = self.store.load()
-            pending = False
-            try:
-                for claim in claims:
-                    try:
-                        out[claim.uid], cp, deferred = self._prepare_locked(claim, cp)
-                    except ClaimError as exc:
-                        out[claim.uid] = exc
-                        continue
-                    except (NvmlError, CommandError, cdi.CdiError, OSError) as exc:
-                        # One claim's failure is that claim's error; it must not lose the
-                        # results (and deferred checkpoint state) of the others.
-                        out[claim.uid] = ClaimError(f"claim {claim.ref}: {exc}")
-                        continue
-                    pending = pending or deferred
-            finally:
-                if pending:
-                    self.store.save(cp)
-            metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+        try:
+            # Different GPUs proceed in parallel (other kubelet calls, the other daemon
+            # instance); anything on the same GPU waits here.
+            with self.gpu_locks.hold(self._parents_of(claims), self._lock_timeout):
+                self._prepare_held(claims, out)
+        except GpuLockTimeout as exc:
+            for claim in claims:
+                out.setdefault(claim.uid, ClaimError(f"claim {claim.ref}: {exc}; will retry"))
         return out
+
+    def _prepare_held(
+        self, claims: Sequence[ClaimToPrepare],
+        out: dict[str, list[PreparedResult] | ClaimError],
+    ) -> None:
+        with self.store.locked(self._lock_timeout):
+            cp = self.store.load()
+        deferred: list[str] = []
+        try:
+            for claim in claims:
+                try:
+                    out[claim.uid], cp, later = self._prepare_locked(claim, cp)
+                except ClaimError as exc:
+                    out[claim.uid] = exc
+                    continue
+                except (NvmlError, CommandError, cdi.CdiError, OSError) as exc:
+                    # One claim's failure is that claim's error; it must not lose the
+                    # results (and deferred checkpoint state) of the others.
+                    out[claim.uid] = ClaimError(f"claim {claim.ref}: {exc}")
+                    continue
+                if later:
+                    deferred.append(claim.uid)
+        finally:
+            if deferred:
+                self._persist_many(cp, deferred)
+        metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+
+    def _parents_of(self, claims: Iterable[ClaimToPrepare]) -> set[str]:
+        """The physical GPUs a set of claims touches (unknown devices fail later, in plan)."""
+        parents = set()
+        for claim in claims:
+            for device in claim.devices:
+                target = self.index.targets.get(device.device)
+                if target is not None:
+                    parents.add(target.uuid if isinstance(target, GpuTarget)
+                                else target.parent_uuid)
+        return parents
+
+    def _persist(self, cp: Checkpoint, uid: str, record: ClaimRecord | None) -> None:
+        """Write one claim's record (or its removal) into the checkpoint on disk.
+
+        Merged into a fresh read, never a blind overwrite with ``cp``: calls on other GPUs
+        update their own claims concurrently. ``cp`` is authoritative for this claim and
+        for the MIG-mode baselines of the GPUs this call holds.
+        """
+        with self.store.locked(self._lock_timeout):
+            fresh = self.store.load()
+            for gpu, enabled in cp.mig_mode_baseline.items():
+                fresh = with_mig_mode_baseline(fresh, gpu, enabled)
+            if record is None:
+                fresh = without_claim(fresh, uid)
+            else:
+                fresh = dataclasses.replace(fresh, claims={**fresh.claims, uid: record})
+            self.store.save(fresh)
+
+    def _persist_many(self, cp: Checkpoint, uids: Sequence[str]) -> None:
+        with self.store.locked(self._lock_timeout):
+            fresh = self.store.load()
+            claims = dict(fresh.claims)
+            claims.update({uid: cp.claims[uid] for uid in uids})
+            self.store.save(dataclasses.replace(fresh, claims=claims))
 
     def _prepare_locked(
         self, claim: ClaimToPrepare, cp: Checkpoint
@@ -199,7 +248,7 @@ class DeviceState:
             log.warning("rolling back an interrupted prepare", claim=claim.ref)
             self._undo(existing, cp)
             cp = without_claim(cp, claim.uid)
-            self.store.save(cp)
+            self._persist(cp, claim.uid, None)
         plan = plan_claim(claim, self.index)
         self._check_conflicts(plan, cp)
         return self._execute(plan, cp)
@@ -262,11 +311,13 @@ class DeviceState:
         cp = with_claim_started(cp, record)
         hardware = _touches_hardware(plan)
         if hardware:
-            self.store.save(cp)
+            self._persist(cp, claim.uid, record)
         # else: the only side effect is the CDI spec, and a crash before PrepareCompleted
         # leaves a spec no completed claim owns, which reconcile removes; skipping this
         # durable write saves two fsyncs on the common full-GPU path.
         crash_point("prepare:after-started")
+        if hardware:
+            delay_point("prepare:hardware")  # slow GPUs, in concurrency tests
         progress = [record]
         try:
             record = self._apply(plan, progress, cp)
@@ -281,8 +332,7 @@ class DeviceState:
             # Undo what was really done: the latest record, not the plan we started from.
             self._undo(progress[-1], cp)
             if hardware:
-                # The in-memory checkpoint also holds this call's earlier, unsaved claims.
-                self.store.save(without_claim(cp, claim.uid))
+                self._persist(cp, claim.uid, None)
             if isinstance(exc, ClaimError):
                 raise
             failed = _failed_step(plan, exc)
@@ -296,7 +346,7 @@ class DeviceState:
         ]
         cp = with_claim_completed(cp, claim.uid, qualified)
         if hardware:
-            self.store.save(cp)
+            self._persist(cp, claim.uid, cp.claims[claim.uid])
         return [self._result(d) for d in qualified], cp, not hardware
 
     def _planned_device(self, step: DeviceStep) -> PreparedDevice:
@@ -353,7 +403,7 @@ class DeviceState:
                 devices[i] = dataclasses.replace(devices[i], uuid=instance.uuid, mig=created)
                 record = dataclasses.replace(record, devices=list(devices))
                 progress.append(record)
-                self.store.save(with_claim_started(cp, record))
+                self._persist(cp, record.uid, record)
                 crash_point("prepare:after-mig-recorded")
         mps_uuids: list[str] = []
         mps_config: MpsConfig | None = None
@@ -366,7 +416,7 @@ class DeviceState:
                 record = dataclasses.replace(record, devices=list(devices),
                                              restore=dict(restore))
                 progress.append(record)
-            self.store.save(with_claim_started(cp, record))
+            self._persist(cp, record.uid, record)
             sharing = step.config.sharing
             if sharing is not None and sharing.strategy == "MPS":
                 mps_uuids.append(str(devices[i].uuid))
@@ -377,7 +427,7 @@ class DeviceState:
             restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids}
             record = dataclasses.replace(record, devices=list(devices), restore=dict(restore))
             progress.append(record)
-            self.store.save(with_claim_started(cp, record))
+            self._persist(cp, record.uid, record)
             self.mps.start(plan.claim.uid, mps_uuids, mps_config)
         crash_point("prepare:after-settings")
         return dataclasses.replace(record, devices=devices, restore=restore)
@@ -483,20 +533,29 @@ class DeviceState:
 
     def unprepare(self, uid: str) -> None:
         """Undo a claim from the checkpoint alone; unknown claims are fine (idempotent)."""
-        with self._thread_lock, self.store.locked(self._lock_timeout):
-            cp = self.store.load()
-            record = cp.claims.get(uid)
-            if record is None:
-                cdi.remove_spec(self.cdi_root, self.driver, uid)
-                return
-            try:
-                self._undo(record, cp)
-            except (NvmlError, CommandError, OSError) as exc:
-                raise ClaimError(f"claim {record.namespace}/{record.name}:{uid}: unprepare "
-                                 f"failed, will retry: {exc}") from exc
-            cp = without_claim(self.store.load(), uid)
-            self.store.save(cp)
-            metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+        record = self.store.load().claims.get(uid)
+        if record is None:
+            cdi.remove_spec(self.cdi_root, self.driver, uid)
+            return
+        parents = {str(d.parent_uuid or d.uuid) for d in record.devices
+                   if d.parent_uuid or d.uuid}
+        ref = f"{record.namespace}/{record.name}:{uid}"
+        try:
+            with self.gpu_locks.hold(parents, self._lock_timeout):
+                with self.store.locked(self._lock_timeout):
+                    cp = self.store.load()
+                current = cp.claims.get(uid)
+                if current is None:  # the other daemon instance finished it meanwhile
+                    cdi.remove_spec(self.cdi_root, self.driver, uid)
+                    return
+                self._undo(current, cp)
+                cp = without_claim(cp, uid)
+                self._persist(cp, uid, None)
+        except GpuLockTimeout as exc:
+            raise ClaimError(f"claim {ref}: {exc}; will retry") from exc
+        except (NvmlError, CommandError, OSError) as exc:
+            raise ClaimError(f"claim {ref}: unprepare failed, will retry: {exc}") from exc
+        metrics.PREPARED_CLAIMS.set(len(cp.completed()))
 
     def _undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
         """Restore settings, destroy MIG devices we created, remove the CDI spec."""
@@ -589,7 +648,11 @@ class DeviceState:
         """Converge after a crash: roll back half-prepared claims, destroy leaked MIG devices
         on GPUs this driver manages, remove CDI specs no prepared claim owns."""
         report = ReconcileReport()
-        with self._thread_lock, self.store.locked(self._lock_timeout):
+        gpus = {t.uuid if isinstance(t, GpuTarget) else t.parent_uuid
+                for t in self.index.targets.values()}
+        # Every GPU, then the checkpoint: a running daemon instance may not be mid-prepare.
+        with self.gpu_locks.hold(gpus, self._lock_timeout), \
+                self.store.locked(self._lock_timeout):
             result = self.store.load_result()
             report.checkpoint_reset = result.reset_reason
             cp = result.checkpoint

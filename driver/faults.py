@@ -27,7 +27,7 @@ POINTS = (
 
 
 DELAY_ENV = "GPUDRA_DELAY_AT"
-DELAY_POINTS = ("start:discovery",)
+DELAY_POINTS = ("start:discovery", "prepare:hardware")
 
 
 def delay_point(name: str) -> None:

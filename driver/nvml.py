@@ -117,7 +117,12 @@ def _decode(value: Any) -> str:
 
 
 class Nvml:
-    """An initialised NVML session. Thread-safe: calls are serialised by one lock."""
+    """An initialised NVML session, safe to use from several threads.
+
+    NVML itself is thread-safe, so calls are not serialised here: creating a MIG device
+    on one GPU (a second or more on real hardware) must not hold up work on another.
+    The lock only guards this object's handle cache. Callers serialise work per GPU.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -125,11 +130,10 @@ class Nvml:
 
     @contextmanager
     def _call(self, operation: str) -> Iterator[None]:
-        with self._lock:
-            try:
-                yield
-            except pynvml.NVMLError as exc:
-                raise NvmlError(operation, int(exc.value), str(exc)) from exc
+        try:
+            yield
+        except pynvml.NVMLError as exc:
+            raise NvmlError(operation, int(exc.value), str(exc)) from exc
 
     def _run(self, operation: str, fn: Callable[[], T]) -> T:
         with self._call(operation):

@@ -1,0 +1,65 @@
+"""Per-GPU locks: work on one physical GPU is serialised, work on different GPUs is not.
+
+Each GPU has a thread lock (this process) and an ``flock`` file (other processes: two
+daemon instances share the data directory during a rolling update). Several GPUs are
+always taken in sorted order, so two callers can never wait for each other in a circle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+
+class GpuLockTimeout(TimeoutError):
+    """A GPU stayed busy (another claim or daemon instance) for longer than allowed."""
+
+
+class GpuLocks:
+    def __init__(self, directory: Path, *, poll: float = 0.01) -> None:
+        self.directory = directory
+        self._poll = poll
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def _thread_lock(self, uuid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uuid, threading.Lock())
+
+    @contextlib.contextmanager
+    def hold(self, uuids: Iterable[str], timeout: float = 30.0) -> Iterator[None]:
+        """Hold every GPU in ``uuids`` (in sorted order) for the duration of the block."""
+        deadline = time.monotonic() + timeout
+        with contextlib.ExitStack() as stack:
+            for uuid in sorted(set(uuids)):
+                stack.enter_context(self._one(uuid, deadline))
+            yield
+
+    @contextlib.contextmanager
+    def _one(self, uuid: str, deadline: float) -> Iterator[None]:
+        lock = self._thread_lock(uuid)
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise GpuLockTimeout(f"GPU {uuid} stayed busy with another claim")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory / f"{uuid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise GpuLockTimeout(
+                                f"GPU {uuid} stayed busy in another daemon instance") from None
+                        time.sleep(self._poll)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+        finally:
+            lock.release()
