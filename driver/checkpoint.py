@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from gpudra.driver.flock import wait_for_flock
 from gpudra.driver.metrics import CHECKPOINT_WRITE_SECONDS
 from gpudra.driver.mig import parse_device_name
 
@@ -548,20 +548,13 @@ class CheckpointStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                        raise CheckpointLockTimeout(
-                            f"timed out after {timeout:g}s waiting for checkpoint lock"
-                            f" {self.lock_path} (held by pid {holder}); is another gpudra"
-                            " node daemon running on this node (rolling update)?"
-                        ) from None
-                    time.sleep(min(_POLL_SECONDS, remaining))
+            if not wait_for_flock(fd, deadline, _POLL_SECONDS):
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise CheckpointLockTimeout(
+                    f"timed out after {timeout:g}s waiting for checkpoint lock"
+                    f" {self.lock_path} (held by pid {holder}); is another gpudra"
+                    " node daemon running on this node (rolling update)?"
+                )
             # Diagnostics only: the holder's pid, for the next waiter's timeout message.
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -8,12 +8,13 @@ always taken in sorted order, so two callers can never wait for each other in a 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from gpudra.driver.flock import wait_for_flock
 
 
 class GpuLockTimeout(TimeoutError):
@@ -49,15 +50,8 @@ class GpuLocks:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.directory / f"{uuid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            raise GpuLockTimeout(
-                                f"GPU {uuid} stayed busy in another daemon instance") from None
-                        time.sleep(self._poll)
+                if not wait_for_flock(fd, deadline, self._poll):
+                    raise GpuLockTimeout(f"GPU {uuid} stayed busy in another daemon instance")
                 yield
             finally:
                 os.close(fd)  # closing releases the flock
