@@ -26,6 +26,7 @@ from gpudra.cli.options import (
     CliError,
     add_driver_flags,
     add_simulation_flags,
+    check_simulate_profile,
     feature_gates,
     node_name,
 )
@@ -305,12 +306,7 @@ async def _start(args: argparse.Namespace, runtime: _Runtime) -> None:
     paths.data_dir.mkdir(parents=True, exist_ok=True)
     policy = _health_policy(args)
     gates = feature_gates(args)
-    if args.simulate:
-        from gpudra.driver import sim
-
-        if args.simulate not in sim.node_profiles():
-            raise CliError(f"--simulate: unknown node profile {args.simulate!r} "
-                           f"(known: {', '.join(sim.node_profiles())})")
+    check_simulate_profile(args)
     try:
         runtime.nvml = nvml = open_nvml(simulate=args.simulate, sim_state=paths.sim_state,
                                         driver_root=paths.driver_root)

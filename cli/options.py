@@ -45,18 +45,23 @@ def node_name(args: argparse.Namespace) -> str:
     return str(args.node_name or os.uname().nodename).lower()
 
 
+def check_simulate_profile(args: argparse.Namespace) -> None:
+    """Refuse an unknown ``--simulate`` profile with the list of known ones."""
+    if args.simulate:
+        from gpudra.driver import sim
+
+        if args.simulate not in sim.node_profiles():
+            known = ", ".join(sim.node_profiles())
+            raise CliError(f"--simulate: unknown node profile {args.simulate!r} "
+                           f"(known: {known})")
+
+
 @contextmanager
 def nvml_session(args: argparse.Namespace) -> Iterator[Nvml]:
     """NVML for this command: real, or simulated with state in --sim-state (else a temp dir)."""
     with tempfile.TemporaryDirectory(prefix="gpudra-sim-") as scratch:
         state = args.sim_state or Path(scratch)
-        if args.simulate:
-            from gpudra.driver import sim
-
-            if args.simulate not in sim.node_profiles():
-                known = ", ".join(sim.node_profiles())
-                raise CliError(f"--simulate: unknown node profile {args.simulate!r} "
-                               f"(known: {known})")
+        check_simulate_profile(args)
         try:
             nvml = open_nvml(simulate=args.simulate, sim_state=state)
         except NvmlUnavailable as exc:
