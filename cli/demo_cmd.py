@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ import yaml
 from gpudra.cli.options import CliError
 from gpudra.controller.allocator import Allocator
 from gpudra.controller.explain import subjects
+from gpudra.kubeletplugin.interfaces import ClaimRef
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = "gpu.nvidia.com"
@@ -114,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
         _demo(args.profile, base, env)
     finally:
         if not args.keep:
-            import shutil
-
             shutil.rmtree(base, ignore_errors=True)
         else:
             _say(f"(kept {base})")
@@ -231,10 +231,7 @@ def _hardware(base: Path) -> str:
             f"compute mode on GPU [{', '.join(exclusive)}]")
 
 
-def _create_claim(url: str, claim: dict[str, Any], allocation: dict[str, Any]) -> Any:
-    sys.path.insert(0, str(REPO))
-    from gpudra.kubeletplugin.interfaces import ClaimRef
-
+def _create_claim(url: str, claim: dict[str, Any], allocation: dict[str, Any]) -> ClaimRef:
     body = {**claim, "metadata": {"name": claim["metadata"]["name"], "namespace": "default"}}
     created = _api(url, "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
                    method="POST", body=body)

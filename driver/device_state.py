@@ -502,9 +502,7 @@ class DeviceState:
             interval = "Default"
             if config.sharing.time_slicing_config is not None:
                 interval = config.sharing.time_slicing_config.interval
-            if self.commands is None:
-                raise ClaimError(f"claim {claim.ref}: time-slicing is not available on this node "
-                                 "(feature gate TimeSlicingSettings)")
+            assert self.commands is not None  # refused in _preflight otherwise
             restore.setdefault("timeSlice", {}).setdefault(uuid, TIME_SLICE_VALUES["Default"])
             try:
                 set_time_slice(self.commands, uuid, TIME_SLICE_VALUES[interval])

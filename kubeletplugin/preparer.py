@@ -30,7 +30,8 @@ log = structlog.get_logger(__name__)
 def _result(prepared: Sequence[PreparedResult]) -> PrepareOutcome:
     return PrepareOutcome(devices=tuple(
         PreparedDeviceResult(
-            request_names=tuple(sorted({n.split("/", 1)[0] for n in d.request_names})),
+            # Already base names; the gRPC layer strips subrequests again at the wire.
+            request_names=d.request_names,
             pool=d.pool,
             device=d.device,
             cdi_device_ids=d.cdi_device_ids,
