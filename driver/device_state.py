@@ -298,6 +298,8 @@ class DeviceState:
         for step in plan.steps:
             if isinstance(step.target, DynamicMigTarget):
                 parent = step.target.parent_uuid
+                if parent in restore.get("preexistingMig", {}):
+                    continue  # a second partition of the same GPU: already looked at
                 mode = self.nvml.mig_mode(parent)
                 cp = with_mig_mode_baseline(cp, parent, bool(mode and mode.current))
                 # What already exists is never ours: crash recovery must not destroy it.
@@ -335,9 +337,6 @@ class DeviceState:
                 self._persist(cp, claim.uid, None)
             if isinstance(exc, ClaimError):
                 raise
-            failed = _failed_step(plan, exc)
-            if isinstance(exc, NvmlError) and failed is not None:
-                raise ClaimError(_nvml_message(claim, failed, exc)) from exc
             raise ClaimError(f"claim {claim.ref}: {exc}") from exc
         qualified = [
             dataclasses.replace(d, cdi_device_ids=[cdi.qualified_name(self.driver, claim.uid,
@@ -393,7 +392,10 @@ class DeviceState:
         # (restore["preexistingMig"]), so a placement held by someone else is never touched.
         for i, step in enumerate(plan.steps):
             if isinstance(step.target, DynamicMigTarget):
-                instance = self._create_mig(plan.claim, step.target)
+                try:
+                    instance = self._create_mig(plan.claim, step.target)
+                except NvmlError as exc:  # named here, where we know which device failed
+                    raise ClaimError(_nvml_message(plan.claim, step, exc)) from exc
                 crash_point("prepare:after-mig-create")
                 intent = devices[i].mig
                 assert intent is not None
@@ -412,6 +414,8 @@ class DeviceState:
                 continue  # nothing asked: touch nothing (no implicit time-slicing)
             try:
                 restore = self._apply_settings(plan.claim, step, devices[i], restore)
+            except NvmlError as exc:
+                raise ClaimError(_nvml_message(plan.claim, step, exc)) from exc
             finally:  # settings applied before a failure must be restored too
                 record = dataclasses.replace(record, devices=list(devices),
                                              restore=dict(restore))
@@ -711,9 +715,3 @@ def _physically_overlap(step: DeviceStep, other: PreparedDevice) -> bool:
             target.placement.size
     return False
 
-
-def _failed_step(plan: PreparePlan, exc: BaseException) -> DeviceStep | None:
-    for step in plan.steps:
-        if step.allocated.device in str(exc):
-            return step
-    return next((s for s in plan.steps if isinstance(s.target, DynamicMigTarget)), None)
