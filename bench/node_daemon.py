@@ -18,11 +18,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpudra.api.claims import ClaimRef
 from gpudra.cli.grpc_probe import answers_get_info
-from gpudra.kubeletplugin.interfaces import ClaimRef
-from tests.fakeapi.server import FakeApiServer
+from gpudra.testing.fakeapi.server import FakeApiServer
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import Daemon, claim_object
-from tests.kubelet_emulator import KubeletEmulator
 
 
 def pct(values: Sequence[float], q: float) -> float:

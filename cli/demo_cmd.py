@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
+from gpudra.api.claims import ClaimRef
 from gpudra.cli.options import CliError
-from gpudra.controller.allocator import Allocator
-from gpudra.controller.explain import subjects
-from gpudra.kubeletplugin.interfaces import ClaimRef
+from gpudra.scheduling.allocator import Allocator
+from gpudra.scheduling.explain import subjects
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = "gpu.nvidia.com"
@@ -128,8 +128,8 @@ def _demo(profile: str, base: Path, env: dict[str, str]) -> None:
     http = _free_port()
     _say(f"gpudra demo — simulated node '{NODE}' ({profile}), everything under {base}")
     _say()
-    with _process([sys.executable, "-m", "tests.fakeapi", "--port", str(port), "--node", NODE],
-                  log=base / "apiserver.log", env=env):
+    with _process([sys.executable, "-m", "gpudra.testing.fakeapi", "--port", str(port),
+                   "--node", NODE], log=base / "apiserver.log", env=env):
         _wait_for(lambda: _reachable(url), "the API server stand-in")
         for path in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml")):
             _api(url, "/apis/resource.k8s.io/v1/deviceclasses", method="POST",
@@ -188,7 +188,7 @@ def _print_slices(slices: list[dict[str, Any]], elapsed: float) -> None:
 
 async def _claims(url: str, base: Path, slices: list[dict[str, Any]]) -> None:
     sys.path.insert(0, str(REPO))
-    from tests.kubelet_emulator import KubeletEmulator
+    from gpudra.testing.kubelet_emulator import KubeletEmulator
 
     classes = _api(url, "/apis/resource.k8s.io/v1/deviceclasses")["items"]
     allocations: list[dict[str, Any]] = []

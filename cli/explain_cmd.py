@@ -21,8 +21,9 @@ import yaml
 
 from gpudra.cli.inventory_cmd import collect_devices
 from gpudra.cli.options import CliError, add_simulation_flags
-from gpudra.controller.allocator import Allocator
-from gpudra.controller.explain import (
+from gpudra.controller.slices import build_slices
+from gpudra.scheduling.allocator import Allocator
+from gpudra.scheduling.explain import (
     ExplainError,
     default_device_classes,
     explain,
@@ -30,8 +31,7 @@ from gpudra.controller.explain import (
     subjects,
     to_json,
 )
-from gpudra.controller.slices import build_slices
-from gpudra.controller.validate import objects, validate_object
+from gpudra.scheduling.validate import objects, validate_object
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 DEPLOY_CLASSES = Path(__file__).resolve().parents[1] / "deploy" / "deviceclasses"

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from gpudra.api.claims import ClaimRef
 from gpudra.cli.grpc_probe import answers_get_info
 from gpudra.cli.http_probes import ProbeServer
 from gpudra.cli.logs import configure_logging
@@ -44,7 +45,7 @@ from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpudra.driver.prepare_plan import NodeIndex
 from gpudra.driver.sim.commands import SimulatedCommandRunner
 from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.interfaces import ClaimPreparer, ClaimRef, PrepareOutcome
+from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome
 from gpudra.kubeletplugin.preparer import Preparer
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.kubeletplugin.sockets import plugin_data_dir

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpudra.controller.validate import (
+from gpudra.scheduling.validate import (
     CHECKED_KINDS,
     object_label,
     objects,

@@ -39,9 +39,6 @@ from typing import Any, Final
 import structlog
 from kubernetes.aio import client
 
-from gpudra.controller.backoff import Backoff
-from gpudra.controller.log_once import FailureLog
-from gpudra.controller.raw_api import NODES, RESOURCE_SLICES, ApiCallError, RawApi
 from gpudra.controller.slice_diff import (
     Obj,
     SyncPlan,
@@ -57,6 +54,9 @@ from gpudra.controller.slice_validation import SliceValidationError, ensure_vali
 from gpudra.controller.slices import OwnerRef, build_slices
 from gpudra.driver.devices import NodeDevices
 from gpudra.driver.metrics import PUBLISHED_DEVICES, PUBLISHED_SLICES
+from gpudra.kube.backoff import Backoff
+from gpudra.kube.log_once import FailureLog
+from gpudra.kube.raw_api import NODES, RESOURCE_SLICES, ApiCallError, RawApi
 
 log = structlog.get_logger(__name__)
 

@@ -18,9 +18,9 @@ from typing import Any, Final
 
 import structlog
 
-from gpudra.controller.backoff import Backoff
-from gpudra.controller.log_once import FailureLog
-from gpudra.controller.raw_api import RESOURCE_SLICES, ApiCallError, RawApi, WatchStream
+from gpudra.kube.backoff import Backoff
+from gpudra.kube.log_once import FailureLog
+from gpudra.kube.raw_api import RESOURCE_SLICES, ApiCallError, RawApi, WatchStream
 
 log = structlog.get_logger(__name__)
 

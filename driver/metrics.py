@@ -30,9 +30,6 @@ CHECKPOINT_WRITE_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS)
 PUBLISHED_DEVICES = Gauge("gpudra_published_devices", "Devices in the published pool")
 PUBLISHED_SLICES = Gauge("gpudra_published_slices", "ResourceSlices in the published pool")
-API_CALLS = Counter(
-    "gpudra_api_calls", "Kubernetes API calls, by verb, resource and outcome",
-    ["verb", "resource", "outcome"])
 XID_EVENTS = Counter("gpudra_xid_events", "XID events seen, by GPU and XID", ["gpu", "xid"])
 DEVICE_TAINTS = Gauge("gpudra_device_taints", "Taints currently on published devices",
                       ["effect"])

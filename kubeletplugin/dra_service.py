@@ -19,9 +19,10 @@ from typing import Any, Protocol, TypeVar
 import grpc
 import structlog
 
+from gpudra.api.claims import ClaimRef
 from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
-from .interfaces import ClaimPreparer, ClaimRef, PreparedDeviceResult, PrepareOutcome
+from .interfaces import ClaimPreparer, PreparedDeviceResult, PrepareOutcome
 
 log = structlog.get_logger(__name__)
 

@@ -11,17 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """A ResourceClaim as the kubelet names it: all a request carries."""
-
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}:{self.uid}"
+from gpudra.api.claims import ClaimRef
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from gpudra.api.claims import ClaimRef
 from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, PreparedResult
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.interfaces import ClaimRef, PreparedDeviceResult, PrepareOutcome
+from gpudra.kubeletplugin.interfaces import PreparedDeviceResult, PrepareOutcome
 
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher

@@ -12,9 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {
     "api": set(),
     "driver": {"api"},
-    "kubeletplugin": {"api", "driver"},
-    "controller": {"api", "driver"},
-    "cli": {"api", "driver", "kubeletplugin", "controller"},
+    "kube": {"api"},
+    "controller": {"api", "driver", "kube"},
+    "kubeletplugin": {"api", "driver", "kube", "controller"},
+    "scheduling": {"api", "driver", "kube", "controller"},
+    "testing": {"api"},
+    "cli": {"api", "driver", "kube", "controller", "kubeletplugin", "scheduling", "testing"},
 }
 
 

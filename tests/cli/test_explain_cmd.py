@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from gpudra.cli.main import main
-from gpudra.controller.explain import default_device_classes
-from tests.controller.test_allocator import h100_node
-from tests.fakeapi import FakeApiServer
+from gpudra.scheduling.explain import default_device_classes
+from gpudra.testing.fakeapi import FakeApiServer
+from tests.scheduling.test_allocator import h100_node
 
 A = "device.attributes['gpu.nvidia.com']"
 

@@ -16,7 +16,7 @@ import kubernetes.client
 import pytest
 import pytest_asyncio
 
-from tests.fakeapi.server import FakeApiServer
+from gpudra.testing.fakeapi.server import FakeApiServer
 
 
 @pytest.fixture

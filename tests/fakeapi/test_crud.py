@@ -8,8 +8,8 @@ import kubernetes.client as k8s
 import pytest
 from kubernetes.client.exceptions import ApiException, NotFoundException
 
-from tests.fakeapi import samples
-from tests.fakeapi.server import FakeApiServer
+from gpudra.testing.fakeapi import samples
+from gpudra.testing.fakeapi.server import FakeApiServer
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakeapi import samples
+from gpudra.testing.fakeapi import samples
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import kubernetes.watch
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakeapi import samples
-from tests.fakeapi.server import FakeApiServer
+from gpudra.testing.fakeapi import samples
+from gpudra.testing.fakeapi.server import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_concurrent_read_modify_write_loses_no_update(fake_api, k8s_client):
 
 def test_runs_as_a_separate_process():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen([sys.executable, "-m", "tests.fakeapi", "--port", "0", "--node",
+    with subprocess.Popen([sys.executable, "-m", "gpudra.testing.fakeapi", "--port", "0", "--node",
                            "gpu-node-1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           text=True) as proc:
         assert proc.stdout is not None

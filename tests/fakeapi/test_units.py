@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakeapi import quantity
-from tests.fakeapi.apply import ManagedFields, from_fields_v1, leaves, to_fields_v1
-from tests.fakeapi.errors import ApiError, DecodeError
-from tests.fakeapi.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from tests.fakeapi.selectors import labels_match, parse_field_selector, parse_label_selector
+from gpudra.testing.fakeapi import quantity
+from gpudra.testing.fakeapi.apply import ManagedFields, from_fields_v1, leaves, to_fields_v1
+from gpudra.testing.fakeapi.errors import ApiError, DecodeError
+from gpudra.testing.fakeapi.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from gpudra.testing.fakeapi.selectors import (
+    labels_match,
+    parse_field_selector,
+    parse_label_selector,
+)
 
 
 @pytest.mark.parametrize(("given", "stored"), [

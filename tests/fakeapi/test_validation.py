@@ -14,7 +14,7 @@ import kubernetes.client as k8s
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakeapi import samples
+from gpudra.testing.fakeapi import samples
 
 Obj = dict[str, Any]
 

@@ -14,8 +14,8 @@ import kubernetes.watch
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakeapi import samples
-from tests.fakeapi.server import FakeApiServer
+from gpudra.testing.fakeapi import samples
+from gpudra.testing.fakeapi.server import FakeApiServer
 
 
 @pytest.fixture

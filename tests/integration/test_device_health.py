@@ -15,8 +15,8 @@ import yaml
 
 from gpudra.api.proto import health_v1_pb2, health_v1_pb2_grpc
 from gpudra.cli.main import main
-from gpudra.controller.allocator import Allocator
-from tests.fakeapi.server import FakeApiServer
+from gpudra.scheduling.allocator import Allocator
+from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.integration.daemon import DRIVER, Daemon
 
 ROOT = Path(__file__).resolve().parents[2]

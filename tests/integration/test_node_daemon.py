@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from gpudra.kubeletplugin.interfaces import ClaimRef
-from tests.fakeapi.server import FakeApiServer
+from gpudra.api.claims import ClaimRef
+from gpudra.testing.fakeapi.server import FakeApiServer
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import DRIVER, Daemon, claim_object
-from tests.kubelet_emulator import KubeletEmulator
 
 GV = "resource.nvidia.com/v1beta1"
 

@@ -9,10 +9,10 @@ import time
 import urllib.error
 import urllib.request
 
-from gpudra.kubeletplugin.interfaces import ClaimRef
-from tests.fakeapi.server import FakeApiServer
+from gpudra.api.claims import ClaimRef
+from gpudra.testing.fakeapi.server import FakeApiServer
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import Daemon, claim_object
-from tests.kubelet_emulator import KubeletEmulator
 
 
 def free_port() -> int:

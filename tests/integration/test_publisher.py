@@ -27,7 +27,6 @@ import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from gpudra.controller.backoff import Backoff
 from gpudra.controller.publisher import SlicePublisher
 from gpudra.controller.slice_diff import slice_difference
 from gpudra.controller.slices import OwnerRef, build_slices
@@ -36,8 +35,9 @@ from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.devices import Device, NodeDevices, Taint
 from gpudra.driver.inventory import NodeInventory, read_inventory, simulated_pcie_root
 from gpudra.driver.nvml import open_nvml
-from tests.fakeapi import FakeApiServer
-from tests.fakeapi.samples import node as node_object
+from gpudra.kube.backoff import Backoff
+from gpudra.testing.fakeapi import FakeApiServer
+from gpudra.testing.fakeapi.samples import node as node_object
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"

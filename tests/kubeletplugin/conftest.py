@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.kubeletplugin.interfaces import ClaimRef, PreparedDeviceResult, PrepareOutcome
+from gpudra.api.claims import ClaimRef
+from gpudra.kubeletplugin.interfaces import PreparedDeviceResult, PrepareOutcome
 from gpudra.kubeletplugin.server import PluginServer
-from tests.kubelet_emulator import KubeletEmulator
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 
 DRIVER = "gpu.nvidia.com"
 

@@ -8,10 +8,11 @@ import grpc
 import pytest
 import structlog
 
+from gpudra.api.claims import ClaimRef
 from gpudra.api.proto import DRA_V1BETA1_ADVERTISED, dra_v1_pb2, dra_v1_pb2_grpc
 from gpudra.kubeletplugin.dra_service import base_request_names
-from gpudra.kubeletplugin.interfaces import ClaimRef, PrepareOutcome
-from tests.kubelet_emulator import KubeletEmulator
+from gpudra.kubeletplugin.interfaces import PrepareOutcome
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.kubeletplugin.conftest import TestPreparer, claim, gpu
 
 

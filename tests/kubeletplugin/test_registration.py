@@ -22,7 +22,7 @@ from gpudra.api.proto import (
     registration_pb2_grpc,
 )
 from gpudra.kubeletplugin.server import PluginServer
-from tests.kubelet_emulator import KubeletEmulator, RegistrationError
+from gpudra.testing.kubelet_emulator import KubeletEmulator, RegistrationError
 from tests.kubeletplugin.conftest import DRIVER, Dirs, TestPreparer, claim
 
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from gpudra.kubeletplugin.server import PluginServer, ServerStartError
-from tests.kubelet_emulator import KubeletEmulator
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.kubeletplugin.conftest import DRIVER, Dirs, TestPreparer, claim
 
 OLD_POD = "11111111-2222-3333-4444-555555555555"

@@ -1,0 +1,238 @@
+"""HTTP/1.1 on top of ``http.server``: one thread per connection, keep-alive, chunked watch
+streams, and a shutdown that leaves no thread or socket behind.
+
+``ThreadingHTTPServer`` alone cannot shut down cleanly while clients hold keep-alive
+connections open (their handler threads sit in ``readline``), so this server tracks its
+connections and shuts them down itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import socket
+import sys
+import threading
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from gpudra.testing.fakeapi import discovery, routing
+from gpudra.testing.fakeapi.errors import ApiError, page_not_found
+from gpudra.testing.fakeapi.faults import Faults, RequestRecord
+from gpudra.testing.fakeapi.operations import Api, Request
+from gpudra.testing.fakeapi.watch import WatchControl, WatchStream
+
+_HEALTH = {"/healthz", "/livez", "/readyz"}
+
+
+class ApiHttpServer(ThreadingHTTPServer):
+    daemon_threads = True  # a wedged client can never keep the interpreter alive
+
+    def __init__(self, address: tuple[str, int], api: Api, faults: Faults,
+                 control: WatchControl) -> None:
+        super().__init__(address, ApiHandler)
+        self.api = api
+        self.faults = faults
+        self.control = control
+        self.stopping = threading.Event()  # also cuts injected delays short
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._conn_threads: set[threading.Thread] = set()
+
+    @property
+    def address(self) -> str:
+        host, port = self.server_address[:2]
+        return f"{host!s}:{port}"
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(target=self._serve, args=(request, client_address),
+                                  name=f"fakeapi-conn-{client_address[1]}", daemon=True)
+        with self._lock:
+            if self.stopping.is_set():
+                self.shutdown_request(request)
+                return
+            self._connections.add(request)
+            self._conn_threads.add(thread)
+        thread.start()
+
+    def _serve(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except (ConnectionError, OSError):
+            pass  # the client went away mid-request; nothing to report
+        except Exception:  # pragma: no cover - a bug in the fake; show it, keep serving
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            self.shutdown_request(request)
+            with self._lock:
+                self._connections.discard(request)
+                self._conn_threads.discard(threading.current_thread())
+
+    def close_connections(self, timeout: float = 5.0) -> None:
+        """Stop accepting work, unblock every connection thread, and wait for them."""
+        with self._lock:
+            self.stopping.set()
+            connections = list(self._connections)
+            threads = list(self._conn_threads)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for thread in threads:
+            thread.join(timeout)
+
+
+class ApiHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ApiHttpServer
+    server_version = "fakeapi"
+    # Headers and body go out in separate writes; with Nagle + delayed ACK every response
+    # would wait ~40 ms for the client's ACK.
+    disable_nagle_algorithm = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # tests assert on server.requests instead of reading logs
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _send(self, code: int, body: bytes, content_type: str,
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache, private")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, code: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(code, json.dumps(obj, separators=(",", ":")).encode(), "application/json",
+                   headers)
+
+    def _peer_alive(self) -> bool:
+        """False once the client closed its end (a watch client that stopped watching)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return True
+            return bool(self.connection.recv(1, socket.MSG_PEEK) != b"")
+        except (OSError, ValueError):
+            return False
+
+    def _stream(self, stream: WatchStream) -> None:
+        stream.alive = self._peer_alive
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        self.server.control.opened(1)
+        frames = stream.frames()
+        try:
+            for frame in frames:
+                data = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")  # a clean end: the connection stays usable
+        except OSError:
+            self.close_connection = True  # the client stopped reading
+        except Exception:  # pragma: no cover - a bug in the fake; headers are already sent
+            traceback.print_exc(file=sys.stderr)
+            self.close_connection = True
+        finally:
+            frames.close()
+            self.server.control.opened(-1)
+
+    # ---- dispatch ------------------------------------------------------------------------
+
+    def _handle(self, method: str) -> None:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        body = self._read_body()
+        record: RequestRecord | None = None
+        try:
+            route = routing.parse(split.path)
+            if route is None:
+                self._serve_discovery(method, split.path)
+                return
+            watch = query.get("watch", "").lower() in ("true", "1")
+            verb = routing.verb(method, route, watch)
+            record = RequestRecord(method, split.path, query, verb, route.audit_resource,
+                                   route.namespace, route.name, self.headers.get("Content-Type"))
+            action = self.server.faults.on_request(record)
+            if action.delay:
+                self.server.stopping.wait(action.delay)
+            if action.drop:
+                self.close_connection = True
+                self.server.faults.set_status(record, 0)
+                return
+            if action.error is not None:
+                raise action.error
+            req = Request(route.resource, route.namespace, route.name, route.subresource, query,
+                          body, self.headers.get("Content-Type", ""),
+                          self.headers.get("User-Agent", ""))
+            api = self.server.api
+            if verb == "watch":
+                self.server.faults.set_status(record, 200)
+                self._stream(api.watch(req))
+                return
+            if verb in ("get", "list"):
+                code, obj = 200, (api.get(req) if verb == "get" else api.list(req))
+            else:
+                code, obj = {"create": api.create, "update": api.update, "patch": api.patch,
+                             "delete": api.delete,
+                             "deletecollection": api.delete_collection}[verb](req)
+            # Record the outcome before answering, so a client never sees it unrecorded.
+            self.server.faults.set_status(record, code)
+            self._send_json(code, obj)
+        except ApiError as err:
+            if record is not None:
+                self.server.faults.set_status(record, err.code)
+            self._send_json(err.code, err.status(), err.headers)
+        except OSError:
+            raise
+        except Exception as exc:  # a bug in the fake: answer like the apiserver would
+            traceback.print_exc(file=sys.stderr)
+            internal = ApiError(500, "InternalError", f"Internal error occurred: {exc!r}")
+            self._send_json(500, internal.status())
+
+    def _serve_discovery(self, method: str, path: str) -> None:
+        if method != "GET":
+            raise page_not_found()
+        if path in _HEALTH:
+            self._send(200, b"ok", "text/plain; charset=utf-8")
+            return
+        doc = discovery.document(path, self.server.address)
+        if doc is None:
+            raise page_not_found()
+        self._send_json(200, doc)

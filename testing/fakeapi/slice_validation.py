@@ -1,0 +1,463 @@
+"""ResourceSlice validation: the apiserver's rules (dra-interfaces.md §5), written from the
+reference independently of the driver's own local validator, so each checks the other.
+
+Order of checks and error paths follow ``validateResourceSliceSpec``: driver, pool,
+immutable fields, node selection, devices XOR sharedCounters, devices (size short-circuits),
+shared counters. Map keys are visited in sorted order so messages are deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudra.testing.fakeapi import errors as fe
+from gpudra.testing.fakeapi import quantity
+from gpudra.testing.fakeapi.errors import FieldError
+from gpudra.testing.fakeapi.names import SEMVER, is_c_identifier
+from gpudra.testing.fakeapi.validation import (
+    as_map,
+    check_dns_label,
+    check_dns_subdomain,
+    check_driver_name,
+    check_label_key,
+    check_pool_name,
+    get_bool,
+    get_int,
+    get_list,
+    get_map,
+    get_str,
+    validate_meta,
+    validate_node_selector,
+    validate_taint,
+)
+
+MAX_DEVICES = 128
+MAX_DEVICES_ADVANCED = 64  # any taints, consumesCounters or list attributes in the slice
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMPTIONS_PER_DEVICE = 2
+MAX_COUNTERS_PER_CONSUMPTION = 32
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUES = 48
+MAX_ID_LENGTH = 32
+MAX_VALUE_LENGTH = 64
+MAX_TAINTS = 16
+MAX_BINDING_CONDITIONS = 4
+ATTRIBUTE_KEY_TRUNCATE = 63 + 1 + MAX_ID_LENGTH
+_SCALARS = ("bool", "int", "string", "version")
+_LISTS = ("bools", "ints", "strings", "versions")
+
+Obj = dict[str, Any]
+
+
+def validate_resource_slice(obj: Obj, old: Obj | None = None) -> list[FieldError]:
+    errs = validate_meta(obj)
+    spec = get_map(obj, "spec", "ResourceSlice.spec") or {}
+    old_spec = (old or {}).get("spec") if old is not None else None
+    return errs + _spec(spec, old_spec)
+
+
+def _spec(spec: Obj, old: Obj | None) -> list[FieldError]:
+    errs = check_driver_name(get_str(spec, "driver", "spec.driver") or "", "spec.driver")
+    pool = get_map(spec, "pool", "spec.pool") or {}
+    errs.extend(check_pool_name(get_str(pool, "name", "spec.pool.name") or "", "spec.pool.name"))
+    count = get_int(pool, "resourceSliceCount", "spec.pool.resourceSliceCount") or 0
+    if count <= 0:
+        errs.append(fe.invalid("spec.pool.resourceSliceCount", count, "must be greater than zero"))
+    generation = get_int(pool, "generation", "spec.pool.generation") or 0
+    if generation < 0:
+        errs.append(fe.invalid("spec.pool.generation", generation,
+                               "must be greater than or equal to zero"))
+    if old is not None:
+        old_pool = old.get("pool") or {}
+        for path, new_value, old_value in (
+            ("spec.pool.name", pool.get("name", ""), old_pool.get("name", "")),
+            ("spec.driver", spec.get("driver", ""), old.get("driver", "")),
+            ("spec.nodeName", spec.get("nodeName"), old.get("nodeName")),
+        ):
+            if new_value != old_value:
+                errs.append(fe.invalid(path, new_value, "field is immutable"))
+    errs.extend(_node_selection(spec))
+    devices = get_list(spec, "devices", "spec.devices")
+    counters = get_list(spec, "sharedCounters", "spec.sharedCounters")
+    if devices is not None and counters is not None:
+        # Presence counts, not length: an empty list is still "set" after decoding.
+        errs.append(fe.invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed"))
+    errs.extend(_devices(devices or [], old, spec))
+    errs.extend(_counter_sets(counters or []))
+    return errs
+
+
+def _node_selection(spec: Obj) -> list[FieldError]:
+    errs: list[FieldError] = []
+    chosen: list[str] = []
+    node_name = get_str(spec, "nodeName", "spec.nodeName")
+    if node_name is not None:
+        if node_name:
+            chosen.append("`nodeName`")
+            errs.extend(check_dns_subdomain(node_name, "spec.nodeName"))
+        else:
+            errs.append(fe.invalid("spec.nodeName", node_name,
+                                   "must be either unset or set to a non-empty string"))
+    selector = get_map(spec, "nodeSelector", "spec.nodeSelector")
+    if selector is not None:
+        chosen.append("`nodeSelector`")
+        errs.extend(validate_node_selector(selector, "spec.nodeSelector"))
+        terms = selector.get("nodeSelectorTerms") or []
+        if len(terms) != 1:
+            errs.append(fe.invalid("spec.nodeSelector.nodeSelectorTerms", terms,
+                                   "must have exactly one node selector term"))
+    for key in ("allNodes", "perDeviceNodeSelection"):
+        flag = get_bool(spec, key, f"spec.{key}")
+        if flag is True:
+            chosen.append(f"`{key}`")
+        elif flag is False:
+            errs.append(fe.invalid(f"spec.{key}", False, "must be either unset or set to true"))
+    fields = "`nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`"
+    if not chosen:
+        errs.append(fe.required("spec", f"exactly one of {fields} is required"))
+    elif len(chosen) > 1:
+        errs.append(fe.invalid("spec", "{" + ", ".join(chosen) + "}",
+                               f"exactly one of {fields} is required, but multiple fields are "
+                               "set"))
+    return errs
+
+
+def _advanced(devices: list[Any]) -> bool:
+    for device in devices:
+        if not isinstance(device, dict):
+            continue
+        if device.get("taints") or device.get("consumesCounters"):
+            return True
+        attributes = device.get("attributes")
+        if isinstance(attributes, dict) and any(
+            isinstance(a, dict) and any(a.get(k) is not None for k in _LISTS)
+            for a in attributes.values()
+        ):
+            return True
+    return False
+
+
+def _devices(devices: list[Any], old: Obj | None, spec: Obj) -> list[FieldError]:
+    limit = MAX_DEVICES_ADVANCED if _advanced(devices) else MAX_DEVICES
+    if len(devices) > limit:
+        # The size check short-circuits: nothing else about the devices is reported.
+        return [fe.too_many("spec.devices", len(devices), limit)]
+    per_device_nodes = spec.get("perDeviceNodeSelection") is True
+    old_devices = {d.get("name"): d for d in (old or {}).get("devices") or []
+                   if isinstance(d, dict)}
+    errs: list[FieldError] = []
+    seen: set[str] = set()
+    for i, item in enumerate(devices):
+        path = f"spec.devices[{i}]"
+        device = as_map(item, path)
+        errs.extend(_device(device, old_devices.get(device.get("name")), path, per_device_nodes))
+    for i, device in enumerate(devices):
+        name = device.get("name", "")
+        if name in seen:
+            errs.append(fe.duplicate(f"spec.devices[{i}]", name))
+        seen.add(name)
+    return errs
+
+
+def _device(device: Obj, old: Obj | None, path: str, per_device_nodes: bool) -> list[FieldError]:
+    errs = check_dns_label(get_str(device, "name", f"{path}.name") or "", f"{path}.name")
+    attributes = get_map(device, "attributes", f"{path}.attributes") or {}
+    capacity = get_map(device, "capacity", f"{path}.capacity") or {}
+    total = len(attributes) + len(capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        errs.append(fe.invalid(path, total, "the total number of attributes and capacities must "
+                                            f"not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}"))
+    values = sum(_value_count(a) for a in attributes.values())
+    if values > MAX_ATTRIBUTE_VALUES:
+        errs.append(fe.invalid(path, values, "the total number of attribute values must not "
+                                             f"exceed {MAX_ATTRIBUTE_VALUES}"))
+    for key in sorted(attributes):
+        errs.extend(_qualified_name(key, f"{path}.attributes"))
+        key_path = f"{path}.attributes[{_truncate(key, ATTRIBUTE_KEY_TRUNCATE)}]"
+        errs.extend(_attribute(as_map(attributes[key], key_path), key_path))
+    multi = get_bool(device, "allowMultipleAllocations", path) is True
+    if old is None or old.get("capacity") != device.get("capacity"):
+        for key in sorted(capacity):
+            errs.extend(_qualified_name(key, f"{path}.capacity"))
+            key_path = f"{path}.capacity[{_truncate(key, ATTRIBUTE_KEY_TRUNCATE)}]"
+            entry = as_map(capacity[key], key_path)
+            if entry.get("requestPolicy") is not None and not multi:
+                errs.append(fe.forbidden(f"{key_path}.requestPolicy",
+                                         "allowMultipleAllocations must be true"))
+    taints = get_list(device, "taints", f"{path}.taints") or []
+    if len(taints) > MAX_TAINTS:
+        errs.append(fe.too_many(f"{path}.taints", len(taints), MAX_TAINTS))
+    elif old is None or old.get("taints") != device.get("taints"):
+        for i, taint in enumerate(taints):
+            errs.extend(validate_taint(as_map(taint, f"{path}.taints"), f"{path}.taints[{i}]"))
+    errs.extend(_consumptions(get_list(device, "consumesCounters", path) or [],
+                              f"{path}.consumesCounters"))
+    errs.extend(_device_nodes(device, path, per_device_nodes))
+    errs.extend(_binding_conditions(device, path))
+    return errs
+
+
+def _value_count(attribute: Any) -> int:
+    if not isinstance(attribute, dict):
+        return 1
+    lists: list[list[Any]] = [v for k in _LISTS if isinstance(v := attribute.get(k), list)]
+    total = sum(len(v) for v in lists)
+    return total if total else 1
+
+
+def _truncate(key: str, limit: int) -> str:
+    limit = max(limit, 16)
+    if len(key) <= limit:
+        return key
+    remaining = limit - 3
+    return key[: (remaining + 1) // 2] + "..." + key[len(key) - remaining // 2:]
+
+
+def _qualified_name(name: str, path: str) -> list[FieldError]:
+    """Attribute/capacity keys: a C identifier, or ``<domain>/<C identifier>``."""
+    parts = name.split("/")
+    if len(parts) == 1:
+        return _c_identifier(parts[0], path)
+    if len(parts) > 2:
+        return [fe.invalid(path, name, "must not contain more than one slash")]
+    domain, ident = parts
+    errs: list[FieldError] = []
+    if not domain:
+        errs.append(fe.invalid(path, "", "the domain must not be empty"))
+    else:
+        errs.extend(check_driver_name(domain, path))
+    if not ident:
+        errs.append(fe.invalid(path, "", "the name must not be empty"))
+    else:
+        errs.extend(_c_identifier(ident, path))
+    return errs
+
+
+def _c_identifier(ident: str, path: str) -> list[FieldError]:
+    errs = []
+    if len(ident) > MAX_ID_LENGTH:
+        errs.append(fe.too_long(path, MAX_ID_LENGTH))
+    errs.extend(fe.invalid(path, ident, m) for m in is_c_identifier(ident))
+    return errs
+
+
+def _attribute(attribute: Obj, path: str) -> list[FieldError]:
+    errs: list[FieldError] = []
+    present = [k for k in (*_SCALARS, *_LISTS) if attribute.get(k) is not None]
+    if "bool" in present:
+        get_bool(attribute, "bool", f"{path}.bool")
+    if "int" in present:
+        get_int(attribute, "int", f"{path}.int")
+    if "string" in present:
+        errs.extend(_string_value(get_str(attribute, "string", path) or "", f"{path}.string"))
+    if "version" in present:
+        errs.extend(_version_value(get_str(attribute, "version", path) or "", f"{path}.version"))
+    for key in _LISTS:
+        if key not in present:
+            continue
+        items = get_list(attribute, key, f"{path}.{key}") or []
+        if not items:
+            errs.append(fe.invalid(f"{path}.{key}", items, "must not be empty if specified"))
+        for i, item in enumerate(items):
+            if key == "strings":
+                errs.extend(_string_value(str(item), f"{path}.strings[{i}]"))
+            elif key == "versions":
+                errs.extend(_version_value(str(item), f"{path}.versions[{i}]"))
+    if not present:
+        errs.append(fe.invalid(path, "", "exactly one value must be specified"))
+    elif len(present) > 1:
+        errs.append(fe.invalid(path, attribute, "exactly one value must be specified"))
+    return errs
+
+
+def _string_value(value: str, path: str) -> list[FieldError]:
+    if len(value.encode()) > MAX_VALUE_LENGTH:
+        return [fe.too_long(path, MAX_VALUE_LENGTH)]
+    return []
+
+
+def _version_value(value: str, path: str) -> list[FieldError]:
+    errs = []
+    if not SEMVER.match(value):
+        errs.append(fe.invalid(path, value, "must be a string compatible with semver.org spec "
+                                            "2.0.0"))
+    if len(value.encode()) > MAX_VALUE_LENGTH:
+        errs.append(fe.too_long(path, MAX_VALUE_LENGTH))
+    return errs
+
+
+def _counter_map(counters: Obj, path: str) -> list[FieldError]:
+    if len(counters) > MAX_COUNTERS_PER_SET:
+        return [fe.too_many(path, len(counters), MAX_COUNTERS_PER_SET)]
+    errs: list[FieldError] = []
+    for key in sorted(counters):
+        errs.extend(check_dns_label(key, path))
+        counter = as_map(counters[key], f"{path}[{_truncate(key, 63)}]")
+        quantity.parse(counter.get("value", "0"))  # any parsable quantity is valid
+    return errs
+
+
+def _counter_sets(sets: list[Any]) -> list[FieldError]:
+    if len(sets) > MAX_COUNTER_SETS:
+        return [fe.too_many("spec.sharedCounters", len(sets), MAX_COUNTER_SETS)]
+    errs: list[FieldError] = []
+    seen: set[str] = set()
+    for i, item in enumerate(sets):
+        path = f"spec.sharedCounters[{i}]"
+        counter_set = as_map(item, path)
+        name = get_str(counter_set, "name", f"{path}.name") or ""
+        if not name:
+            errs.append(fe.required(f"{path}.name"))
+        else:
+            errs.extend(check_dns_label(name, f"{path}.name"))
+        counters = get_map(counter_set, "counters", f"{path}.counters") or {}
+        if not counters:
+            errs.append(fe.required(f"{path}.counters"))
+        else:
+            errs.extend(_counter_map(counters, f"{path}.counters"))
+    for i, counter_set in enumerate(sets):
+        name = counter_set.get("name", "")
+        if name in seen:
+            errs.append(fe.duplicate(f"spec.sharedCounters[{i}]", name))
+        seen.add(name)
+    return errs
+
+
+def _consumptions(consumptions: list[Any], path: str) -> list[FieldError]:
+    if len(consumptions) > MAX_CONSUMPTIONS_PER_DEVICE:
+        return [fe.too_many(path, len(consumptions), MAX_CONSUMPTIONS_PER_DEVICE)]
+    errs: list[FieldError] = []
+    seen: set[str] = set()
+    for i, item in enumerate(consumptions):
+        cpath = f"{path}[{i}]"
+        consumption = as_map(item, cpath)
+        counter_set = get_str(consumption, "counterSet", f"{cpath}.counterSet") or ""
+        if not counter_set:
+            errs.append(fe.required(f"{cpath}.counterSet"))
+        else:
+            errs.extend(check_dns_label(counter_set, f"{cpath}.counterSet"))
+        counters = get_map(consumption, "counters", f"{cpath}.counters") or {}
+        if not counters:
+            errs.append(fe.required(f"{cpath}.counters"))
+        elif len(counters) > MAX_COUNTERS_PER_CONSUMPTION:
+            errs.append(fe.too_many(f"{cpath}.counters", len(counters),
+                                    MAX_COUNTERS_PER_CONSUMPTION))
+        else:
+            errs.extend(_counter_map(counters, f"{cpath}.counters"))
+    for i, consumption in enumerate(consumptions):
+        name = consumption.get("counterSet", "")
+        if name in seen:
+            errs.append(fe.duplicate(f"{path}[{i}]", name))
+        seen.add(name)
+    return errs
+
+
+def _device_nodes(device: Obj, path: str, per_device_nodes: bool) -> list[FieldError]:
+    fields = "`nodeName`, `nodeSelector`, or `allNodes`"
+    node_name = get_str(device, "nodeName", f"{path}.nodeName")
+    selector = get_map(device, "nodeSelector", f"{path}.nodeSelector")
+    all_nodes = get_bool(device, "allNodes", f"{path}.allNodes")
+    if not per_device_nodes:
+        if node_name is not None or selector is not None or all_nodes is not None:
+            return [fe.invalid(path, None, "`nodeName`, `nodeSelector` and `allNodes` can only "
+                                           "be set if `perDeviceNodeSelection` is set to true in "
+                                           "the ResourceSlice spec")]
+        return []
+    errs: list[FieldError] = []
+    chosen = []
+    if node_name is not None:
+        if node_name:
+            chosen.append("`nodeName`")
+        else:
+            errs.append(fe.invalid(f"{path}.nodeName", node_name, "must not be empty"))
+    if selector is not None:
+        chosen.append("`nodeSelector`")
+        errs.extend(validate_node_selector(selector, f"{path}.nodeSelector"))
+    if all_nodes is True:
+        chosen.append("`allNodes`")
+    elif all_nodes is False:
+        errs.append(fe.invalid(f"{path}.allNodes", False, "must be either unset or set to true"))
+    suffix = "is required when `perDeviceNodeSelection` is set to true in the ResourceSlice spec"
+    if not chosen:
+        errs.append(fe.required(path, f"exactly one of {fields} {suffix}"))
+    elif len(chosen) > 1:
+        errs.append(fe.invalid(path, "{" + ", ".join(chosen) + "}",
+                               f"exactly one of {fields} {suffix}"))
+    return errs
+
+
+def _binding_conditions(device: Obj, path: str) -> list[FieldError]:
+    errs: list[FieldError] = []
+    conditions = get_list(device, "bindingConditions", path) or []
+    failures = get_list(device, "bindingFailureConditions", path) or []
+    for key, items in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        if len(items) > MAX_BINDING_CONDITIONS:
+            errs.append(fe.too_many(f"{path}.{key}", len(items), MAX_BINDING_CONDITIONS))
+            continue
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            errs.extend(check_label_key(str(item), f"{path}.{key}[{i}]"))
+            if item in seen:
+                errs.append(fe.duplicate(f"{path}.{key}[{i}]", item))
+            seen.add(item)
+    for i, item in enumerate(failures):
+        if item in conditions:
+            errs.append(fe.invalid(f"{path}.bindingFailureConditions[{i}]", item,
+                                   "bindingFailureConditions must not overlap with "
+                                   "bindingConditions"))
+    if failures and not conditions:
+        errs.append(fe.invalid(f"{path}.bindingConditions", conditions,
+                               "bindingConditions are required to use bindingFailureConditions"))
+    if conditions and not failures:
+        errs.append(fe.invalid(f"{path}.bindingFailureConditions", failures,
+                               "bindingFailureConditions are required to use bindingConditions"))
+    return errs
+
+
+# ---- pool-wide checks (the scheduler's view, not the apiserver's) --------------------------
+
+def pool_problems(slices: list[Obj]) -> list[str]:
+    """What makes the scheduler treat a pool as invalid, for slices of one driver.
+
+    The apiserver accepts each slice on its own; these cross-slice rules (duplicate device
+    names or counter sets in a pool, references to unknown counter sets or counters) are
+    checked by the scheduler. Only slices of the newest generation of each pool count.
+    """
+    pools: dict[tuple[str, str], list[Obj]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        pools.setdefault((spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")),
+                         []).append(spec)
+    problems: list[str] = []
+    for (driver, pool), specs in sorted(pools.items()):
+        newest = max((sp.get("pool") or {}).get("generation", 0) for sp in specs)
+        current = [sp for sp in specs if (sp.get("pool") or {}).get("generation", 0) == newest]
+        where = f"pool {driver}/{pool}"
+        expected = (current[0].get("pool") or {}).get("resourceSliceCount", 0)
+        if len(current) != expected:
+            problems.append(f"{where}: {len(current)} slices of generation {newest}, "
+                            f"resourceSliceCount says {expected}")
+        counter_sets: dict[str, set[str]] = {}
+        devices: set[str] = set()
+        for sp in current:
+            for cs in sp.get("sharedCounters") or []:
+                if cs.get("name") in counter_sets:
+                    problems.append(f"{where}: duplicate counter set {cs.get('name')!r}")
+                counter_sets[cs.get("name")] = set(cs.get("counters") or {})
+            for dev in sp.get("devices") or []:
+                if dev.get("name") in devices:
+                    problems.append(f"{where}: duplicate device name {dev.get('name')!r}")
+                devices.add(dev.get("name"))
+        for sp in current:
+            for dev in sp.get("devices") or []:
+                for use in dev.get("consumesCounters") or []:
+                    known = counter_sets.get(use.get("counterSet"))
+                    if known is None:
+                        problems.append(f"{where}: device {dev.get('name')!r} consumes unknown "
+                                        f"counter set {use.get('counterSet')!r}")
+                        continue
+                    for counter in sorted(set(use.get("counters") or {}) - known):
+                        problems.append(f"{where}: device {dev.get('name')!r} consumes unknown "
+                                        f"counter {use.get('counterSet')}/{counter}")
+    return problems

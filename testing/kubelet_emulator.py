@@ -1,0 +1,283 @@
+"""A kubelet stand-in: discovers, registers and calls a DRA plugin over its real sockets.
+
+It does what the kubelet's plugin watcher and DRA manager do, as a gRPC client:
+
+- finds ``*-reg.sock`` in the registrar dir (names starting with ``.`` are ignored);
+- ``GetInfo`` and validates it: type ``DRAPlugin``, a driver name, the first service of the
+  plugin's ``supported_versions`` that this kubelet supports (in the plugin's order), an
+  endpoint not already registered; a failure is reported back with
+  ``NotifyRegistrationStatus(plugin_registered=False)``, like the kubelet does;
+- connects to the endpoint, then ``NotifyRegistrationStatus(plugin_registered=True)``;
+- sends each call to the most recently registered instance of the driver (rolling updates),
+  with the kubelet's 45 s per-call timeout, and rejects responses the kubelet would reject
+  (a requested claim missing, or a claim that was not requested).
+
+Emulate a 1.32/1.33 kubelet (v1beta1 only) with ``services=(DRA_V1BETA1_ADVERTISED,)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from gpudra.api.claims import ClaimRef
+from gpudra.api.proto import (
+    DRA_PLUGIN_TYPE,
+    DRA_V1_ADVERTISED,
+    DRA_V1BETA1_ADVERTISED,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    registration_pb2,
+    registration_pb2_grpc,
+)
+
+KUBELET_SERVICES = (DRA_V1_ADVERTISED, DRA_V1BETA1_ADVERTISED)
+CALL_TIMEOUT = 45.0  # the kubelet's defaultClientCallTimeout
+GET_INFO_TIMEOUT = 10.0  # the plugin watcher's getInfoTimeout
+CONNECT_TIMEOUT = 5.0
+
+_MODULES = {
+    DRA_V1_ADVERTISED: (dra_v1_pb2, dra_v1_pb2_grpc),
+    DRA_V1BETA1_ADVERTISED: (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+
+PrepareResponse = dict[str, dict[str, Any]]
+UnprepareResponse = dict[str, dict[str, str]]
+
+
+class RegistrationError(Exception):
+    """The kubelet would refuse this plugin."""
+
+
+class KubeletError(Exception):
+    """The kubelet would fail the call because of the plugin's response."""
+
+
+@dataclass
+class PluginInstance:
+    """One registered plugin socket and the connection to its DRA endpoint."""
+
+    driver: str
+    endpoint: str
+    service: str  # the chosen supported_versions entry, e.g. "v1.DRAPlugin"
+    registration_socket: Path
+    info: registration_pb2.PluginInfo
+    channel: Any = field(repr=False)
+    stub: Any = field(repr=False)
+
+
+class KubeletEmulator:
+    """See the module docstring. Use as ``async with await KubeletEmulator.discover(dir)``."""
+
+    def __init__(
+        self,
+        registrar_dir: str | Path,
+        *,
+        services: Sequence[str] = KUBELET_SERVICES,
+        call_timeout: float = CALL_TIMEOUT,
+    ) -> None:
+        self.registrar_dir = Path(registrar_dir)
+        self.services = tuple(services)
+        self.call_timeout = call_timeout
+        self.instances: list[PluginInstance] = []  # registration order, like the kubelet
+
+    @classmethod
+    async def discover(
+        cls,
+        registrar_dir: str | Path,
+        *,
+        services: Sequence[str] = KUBELET_SERVICES,
+        call_timeout: float = CALL_TIMEOUT,
+    ) -> KubeletEmulator:
+        """Register every plugin socket in ``registrar_dir``; at least one must exist."""
+        kubelet = cls(registrar_dir, services=services, call_timeout=call_timeout)
+        try:
+            if not await kubelet.rescan():
+                raise RegistrationError(f"no *-reg.sock in {kubelet.registrar_dir}")
+        except BaseException:
+            await kubelet.close()
+            raise
+        return kubelet
+
+    async def rescan(self) -> list[PluginInstance]:
+        """Forget plugins whose socket is gone, register new sockets; return the new ones."""
+        for instance in [i for i in self.instances if not i.registration_socket.exists()]:
+            self.instances.remove(instance)
+            await instance.channel.close()
+        known = {instance.registration_socket for instance in self.instances}
+        found = sorted(
+            (path for path in self.registrar_dir.glob("*-reg.sock")
+             if not path.name.startswith(".") and path not in known),
+            key=lambda path: (path.stat().st_mtime_ns, path.name),
+        )
+        return [await self.register(path) for path in found]
+
+    async def register(self, registration_socket: str | Path) -> PluginInstance:
+        """The plugin watcher's handshake with one registration socket."""
+        socket = Path(registration_socket)
+        async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+            registration = _registration_stub(channel)
+            info = await registration.GetInfo(
+                registration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+            try:
+                service = self._validate(info)
+                instance = await self._connect(info, service, socket)
+            except RegistrationError as exc:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    # The plugin answers a refusal with an error status; the kubelet ignores it.
+                    await registration.NotifyRegistrationStatus(
+                        registration_pb2.RegistrationStatus(
+                            plugin_registered=False, error=str(exc)),
+                        timeout=GET_INFO_TIMEOUT,
+                    )
+                raise
+            try:
+                await registration.NotifyRegistrationStatus(
+                    registration_pb2.RegistrationStatus(plugin_registered=True),
+                    timeout=GET_INFO_TIMEOUT,
+                )
+            except BaseException:
+                await instance.channel.close()
+                raise
+        self.instances.append(instance)
+        return instance
+
+    async def get_info(self, instance: PluginInstance | None = None) -> registration_pb2.PluginInfo:
+        """Re-send ``GetInfo`` like the kubelet's connection monitor does every 10 s."""
+        target = instance or self.instance()
+        async with grpc.aio.insecure_channel(f"unix:{target.registration_socket}") as channel:
+            info: registration_pb2.PluginInfo = await _registration_stub(channel).GetInfo(
+                registration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+        return info
+
+    def instance(self, driver: str | None = None) -> PluginInstance:
+        """The instance the kubelet would call: the most recently registered one."""
+        candidates = [i for i in self.instances if driver is None or i.driver == driver]
+        if not candidates:
+            raise KubeletError(f"DRA driver {driver or '(any)'} is not registered")
+        if driver is None and len({i.driver for i in candidates}) > 1:
+            raise KubeletError("several drivers are registered: pass driver=")
+        return candidates[-1]
+
+    async def prepare(
+        self, claims: Iterable[ClaimRef], *, driver: str | None = None
+    ) -> PrepareResponse:
+        """``NodePrepareResources``; returns ``{uid: {"devices": [...], "error": str}}``."""
+        instance = self.instance(driver)
+        pb2 = _MODULES[instance.service][0]
+        claims = list(claims)
+        response = await instance.stub.NodePrepareResources(
+            pb2.NodePrepareResourcesRequest(claims=[_claim(pb2, c) for c in claims]),
+            timeout=self.call_timeout,
+        )
+        _check_claims("NodePrepareResources", claims, response)
+        return {
+            uid: {"devices": [_device(d) for d in result.devices], "error": result.error}
+            for uid, result in response.claims.items()
+        }
+
+    async def unprepare(
+        self, claims: Iterable[ClaimRef], *, driver: str | None = None
+    ) -> UnprepareResponse:
+        """``NodeUnprepareResources``; returns ``{uid: {"error": str}}``."""
+        instance = self.instance(driver)
+        pb2 = _MODULES[instance.service][0]
+        claims = list(claims)
+        response = await instance.stub.NodeUnprepareResources(
+            pb2.NodeUnprepareResourcesRequest(claims=[_claim(pb2, c) for c in claims]),
+            timeout=self.call_timeout,
+        )
+        _check_claims("NodeUnprepareResources", claims, response)
+        return {uid: {"error": result.error} for uid, result in response.claims.items()}
+
+    async def close(self) -> None:
+        while self.instances:
+            await self.instances.pop().channel.close()
+
+    async def __aenter__(self) -> KubeletEmulator:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _validate(self, info: registration_pb2.PluginInfo) -> str:
+        """The kubelet's checks of ``PluginInfo``; returns the DRA service to use."""
+        if info.type != DRA_PLUGIN_TYPE:
+            raise RegistrationError(f"plugin type {info.type!r} is not {DRA_PLUGIN_TYPE!r}")
+        if not info.name:
+            raise RegistrationError("plugin name (the DRA driver name) is empty")
+        if not info.supported_versions:
+            raise RegistrationError("empty list of supported versions")
+        # validateSupportedServices: the plugin's order decides, not the kubelet's.
+        service: str | None = next(
+            (s for s in info.supported_versions if s in self.services), None)
+        if service is None:
+            raise RegistrationError(
+                f"none of services supported by the plugin {list(info.supported_versions)} "
+                f"are supported by the kubelet {list(self.services)}")
+        if any(i.driver == info.name and i.endpoint == info.endpoint for i in self.instances):
+            raise RegistrationError(
+                f"DRA plugin {info.name}: endpoint {info.endpoint} already registered")
+        return service
+
+    async def _connect(
+        self, info: registration_pb2.PluginInfo, service: str, socket: Path
+    ) -> PluginInstance:
+        channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
+        try:
+            # Stricter than the kubelet (which connects lazily): an advertised endpoint that
+            # does not answer is a plugin bug worth failing on right here.
+            await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT)
+        except BaseException as exc:
+            await channel.close()
+            if isinstance(exc, TimeoutError):
+                raise RegistrationError(f"endpoint {info.endpoint} does not answer") from exc
+            raise
+        stub = _MODULES[service][1].DRAPluginStub(channel)
+        return PluginInstance(info.name, info.endpoint, service, socket, info, channel, stub)
+
+
+def _registration_stub(channel: Any) -> Any:
+    return registration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+
+
+def _claim(pb2: Any, claim: ClaimRef) -> Any:
+    return pb2.Claim(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+
+
+def _device(device: Any) -> dict[str, Any]:
+    return {
+        "request_names": list(device.request_names),
+        "pool_name": device.pool_name,
+        "device_name": device.device_name,
+        "cdi_device_ids": list(device.cdi_device_ids),
+        # proto3 optional, v1 only: absent and "" are different things on the wire.
+        "share_id": device.share_id if "share_id" in device.DESCRIPTOR.fields_by_name
+        and device.HasField("share_id") else None,
+    }
+
+
+def _check_claims(method: str, claims: Sequence[ClaimRef], response: Any) -> None:
+    """What the kubelet's DRA manager fails the call on."""
+    requested = {claim.uid for claim in claims}
+    unknown = sorted(set(response.claims) - requested)
+    if unknown:
+        raise KubeletError(f"{method}: response contains claims that were not requested: "
+                           f"{unknown}")
+    missing = requested - set(response.claims)
+    if missing:
+        raise KubeletError(f"{method}: skipped {len(missing)} ResourceClaims: {sorted(missing)}")
