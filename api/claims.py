@@ -1,4 +1,5 @@
-"""How the kubelet names a ResourceClaim, and the one way every message names it."""
+"""How the kubelet names a ResourceClaim, what it gets back for one, and the one way every
+message names a claim."""
 
 from __future__ import annotations
 
@@ -20,3 +21,17 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return claim_ref(self.namespace, self.name, self.uid)
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One prepared device of a claim, and the CDI devices a container needs for it."""
+
+    request_names: tuple[str, ...]
+    """Requests as allocated (``req`` or ``req/subrequest``); the kubelet's wire layer
+    strips subrequests. Empty means "all requests of the claim" (kubelet semantics)."""
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+    """Only for consumable-capacity allocations; the v1beta1 API cannot carry it."""

@@ -74,8 +74,3 @@ def format_quantity(value: int) -> str:
         if value % unit == 0:
             return f"{value // unit}{suffix}"
     return str(value)
-
-
-def quantities_equal(a: str | int, b: str | int) -> bool:
-    """Compare two quantities by value (``1Gi`` equals ``1024Mi``)."""
-    return parse_quantity(a) == parse_quantity(b)

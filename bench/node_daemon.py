@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpudra.api.claims import ClaimRef
-from gpudra.cli.grpc_probe import answers_get_info
+from gpudra.kubeletplugin.grpc_probe import answers_get_info
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import Daemon, claim_object

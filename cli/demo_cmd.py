@@ -4,8 +4,8 @@ Starts the project's API-server stand-in and a ``gpudra node`` daemon on a simul
 H100, lets the reference allocator place a few of the ``examples/`` claims the way the
 scheduler would, has a kubelet stand-in prepare and unprepare them over the real gRPC
 sockets, and prints what happened at each step. Everything it starts it stops; every file
-it writes lives in a temporary directory. Needs a source checkout (the stand-ins live in
-``tests/``, which is not shipped).
+it writes lives in a temporary directory. Works from an installed package: the stand-ins
+ship as ``gpudra.testing``, the DeviceClasses and the claims as package data.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
 import socket
@@ -30,11 +29,12 @@ from typing import Any
 import yaml
 
 from gpudra.api.claims import ClaimRef
+from gpudra.cli import package_data
 from gpudra.cli.options import CliError
 from gpudra.scheduling.allocator import Allocator
 from gpudra.scheduling.explain import subjects
+from gpudra.testing.kubelet_emulator import KubeletEmulator
 
-REPO = Path(__file__).resolve().parents[1]
 DRIVER = "gpu.nvidia.com"
 NODE = "demo-node"
 # (example file, what it shows)
@@ -67,9 +67,10 @@ def _say(text: str = "") -> None:
 
 
 @contextlib.contextmanager
-def _process(args: list[str], *, log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+def _process(args: list[str], *, log: Path) -> Iterator[subprocess.Popen[str]]:
     with log.open("w") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        # run in the demo's temporary directory, so nothing depends on where it was started
+        proc = subprocess.Popen(args, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT,
                                 text=True)
     try:
         yield proc
@@ -83,12 +84,19 @@ def _process(args: list[str], *, log: Path, env: dict[str, str]) -> Iterator[sub
                 proc.wait()
 
 
-def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
+def _wait_for(check: Any, what: str, proc: subprocess.Popen[str], log: Path,
+              timeout: float = 30.0) -> Any:
+    """Poll ``check`` until it answers; give up at once, quoting its log, if ``proc`` dies."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
+        if proc.poll() is not None:
+            # the log goes with the temporary directory, so say what it said
+            tail = "\n".join(log.read_text().splitlines()[-10:])
+            raise CliError(f"the {log.stem} process exited with status {proc.returncode} "
+                           f"before {what} appeared; the end of its log:\n{tail}")
         time.sleep(0.05)
     raise CliError(f"timed out waiting for {what}")
 
@@ -107,13 +115,9 @@ def _slices(url: str) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (REPO / "tests" / "fakeapi").is_dir():
-        raise CliError("the demo needs a source checkout (its API server stand-in lives in "
-                       "tests/fakeapi)")
     base = Path(tempfile.mkdtemp(prefix="gd-demo-", dir="/tmp"))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
-        _demo(args.profile, base, env)
+        _demo(args.profile, base)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -122,16 +126,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(profile: str, base: Path, env: dict[str, str]) -> None:
+def _demo(profile: str, base: Path) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     http = _free_port()
     _say(f"gpudra demo — simulated node '{NODE}' ({profile}), everything under {base}")
     _say()
     with _process([sys.executable, "-m", "gpudra.testing.fakeapi", "--port", str(port),
-                   "--node", NODE], log=base / "apiserver.log", env=env):
-        _wait_for(lambda: _reachable(url), "the API server stand-in")
-        for path in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml")):
+                   "--node", NODE], log=base / "apiserver.log") as apiserver:
+        _wait_for(lambda: _reachable(url), "the API server stand-in", apiserver,
+                  base / "apiserver.log")
+        for path in package_data.device_class_files():
             _api(url, "/apis/resource.k8s.io/v1/deviceclasses", method="POST",
                  body=yaml.safe_load(path.read_text()))
         kubeconfig = base / "kubeconfig"
@@ -147,8 +152,9 @@ def _demo(profile: str, base: Path, env: dict[str, str]) -> None:
                      "--registrar-dir", str(base / "registry"),
                      "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
                      "--http-address", f"127.0.0.1:{http}", "--log-format", "json"]
-        with _process(node_args, log=base / "node.log", env=env) as daemon:
-            slices = _wait_for(lambda: _published(url), "the ResourceSlices")
+        with _process(node_args, log=base / "node.log") as daemon:
+            slices = _wait_for(lambda: _published(url), "the ResourceSlices", daemon,
+                               base / "node.log")
             elapsed = time.monotonic() - started
             _print_slices(slices, elapsed)
             asyncio.run(_claims(url, base, slices))
@@ -187,16 +193,13 @@ def _print_slices(slices: list[dict[str, Any]], elapsed: float) -> None:
 
 
 async def _claims(url: str, base: Path, slices: list[dict[str, Any]]) -> None:
-    sys.path.insert(0, str(REPO))
-    from gpudra.testing.kubelet_emulator import KubeletEmulator
-
     classes = _api(url, "/apis/resource.k8s.io/v1/deviceclasses")["items"]
     allocations: list[dict[str, Any]] = []
     prepared: list[Any] = []
     _say("2. claims from examples/, allocated as the scheduler would, prepared by the kubelet:")
     async with await KubeletEmulator.discover(base / "registry") as kubelet:
         for path, what in SCENARIOS:
-            documents = list(yaml.safe_load_all((REPO / "examples" / path).read_text()))
+            documents = list(yaml.safe_load_all(package_data.example(path).read_text()))
             found, _ = subjects(documents)
             claim = dict(found[0].claims[0])
             allocation = Allocator(slices, classes, allocations).allocate(claim, NODE)

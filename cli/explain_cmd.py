@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -19,8 +18,9 @@ from typing import Any
 
 import yaml
 
+from gpudra.cli import package_data
 from gpudra.cli.inventory_cmd import collect_devices
-from gpudra.cli.options import CliError, add_simulation_flags
+from gpudra.cli.options import CliError, add_simulation_flags, env
 from gpudra.controller.slices import build_slices
 from gpudra.scheduling.allocator import Allocator
 from gpudra.scheduling.explain import (
@@ -34,7 +34,6 @@ from gpudra.scheduling.explain import (
 from gpudra.scheduling.validate import objects, validate_object
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
-DEPLOY_CLASSES = Path(__file__).resolve().parents[1] / "deploy" / "deviceclasses"
 
 
 def add_parser(sub: Any) -> None:
@@ -53,9 +52,9 @@ def add_parser(sub: Any) -> None:
                         help="read DeviceClasses, ResourceSlices and allocations from a cluster")
     parser.add_argument("--node", action="append", metavar="NAME",
                         help="only consider this node (repeatable)")
-    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", DEFAULT_DRIVER),
+    parser.add_argument("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER),
                         help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
-    parser.add_argument("--feature-gates", default=os.environ.get("FEATURE_GATES", ""),
+    parser.add_argument("--feature-gates", default=env("FEATURE_GATES", ""),
                         help="comma-separated Name=true|false for the simulated node")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.set_defaults(run=run)
@@ -84,8 +83,8 @@ def read_documents(path: Path) -> list[Any]:
 def deploy_classes(driver: str) -> list[dict[str, Any]]:
     """The chart's DeviceClasses when they are there and fit the driver name, else built-ins."""
     found: list[dict[str, Any]] = []
-    if driver == DEFAULT_DRIVER and DEPLOY_CLASSES.is_dir():
-        for path in sorted(DEPLOY_CLASSES.glob("*.yaml")):
+    if driver == DEFAULT_DRIVER:
+        for path in package_data.device_class_files():
             try:
                 found.extend(d for d in yaml.safe_load_all(path.read_text())
                              if isinstance(d, dict) and d.get("kind") == "DeviceClass")

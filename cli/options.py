@@ -17,20 +17,26 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 1, no traceback."""
 
 
+def env(name: str, default: str | None = None) -> str | None:
+    """A flag's environment fallback, as text. Values that need parsing (numbers, lists)
+    stay text in the parser and are parsed with the command's other checks, so a bad
+    value is a one-line error naming the flag, from the flag or the environment alike."""
+    return os.environ.get(name, default)
+
+
 def add_driver_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.nvidia.com"),
+    parser.add_argument("--driver-name", default=env("DRIVER_NAME", "gpu.nvidia.com"),
                         help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
-    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+    parser.add_argument("--node-name", default=env("NODE_NAME"),
                         help="this node's name (env NODE_NAME; default the host name)")
-    parser.add_argument("--feature-gates", default=os.environ.get("FEATURE_GATES", ""),
+    parser.add_argument("--feature-gates", default=env("FEATURE_GATES", ""),
                         help="comma-separated Name=true|false (env FEATURE_GATES)")
 
 
 def add_simulation_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--simulate", metavar="PROFILE", default=os.environ.get("SIMULATE"),
+    parser.add_argument("--simulate", metavar="PROFILE", default=env("SIMULATE"),
                         help="use a simulated GPU node instead of real NVML (env SIMULATE)")
-    parser.add_argument("--sim-state", metavar="DIR", type=Path,
-                        default=os.environ.get("SIM_STATE"),
+    parser.add_argument("--sim-state", metavar="DIR", type=Path, default=env("SIM_STATE"),
                         help="directory holding the simulated node's state (env SIM_STATE)")
 
 
@@ -42,6 +48,7 @@ def feature_gates(args: argparse.Namespace) -> FeatureGates:
 
 
 def node_name(args: argparse.Namespace) -> str:
+    """``--node-name``, else the host name; lower case, as Kubernetes names are."""
     return str(args.node_name or os.uname().nodename).lower()
 
 

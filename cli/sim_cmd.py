@@ -7,11 +7,10 @@ it: the daemon's XID watcher sees the event within milliseconds.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
-from gpudra.cli.options import CliError
+from gpudra.cli.options import CliError, env
 from gpudra.driver.sim import SimControl
 
 
@@ -38,7 +37,7 @@ def add_parser(sub: Any) -> None:
 
 def _add_target_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-state", metavar="DIR", type=Path,
-                        default=os.environ.get("SIM_STATE"),
+                        default=env("SIM_STATE"),
                         help="the simulated node's state directory (env SIM_STATE)")
     parser.add_argument("--gpu", type=_non_negative_int, required=True, metavar="N",
                         help="GPU index")

@@ -7,7 +7,6 @@ Warnings (``file:path: warning: …``) do not fail the run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gpudra.cli.options import env
 from gpudra.scheduling.validate import (
     CHECKED_KINDS,
     object_label,
@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
                     "every CEL selector, and check the attributes and capacities it reads "
                     "against what this driver publishes. Exit status 1 on any problem.")
     parser.add_argument("files", metavar="FILE", nargs="+", type=Path)
-    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", DEFAULT_DRIVER),
+    parser.add_argument("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER),
                         help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
     parser.set_defaults(run=run)
 

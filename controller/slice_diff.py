@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from gpudra.api.quantity import QuantityError, parse_quantity
+from gpudra.kube.objects import object_name
 
 Obj = Mapping[str, Any]
 Path = tuple[str | int, ...]
@@ -193,7 +194,7 @@ class Update:
 
     @property
     def name(self) -> str:
-        return str(self.desired["metadata"]["name"])
+        return object_name(self.desired)
 
 
 @dataclass(frozen=True)
@@ -216,10 +217,6 @@ class SyncPlan:
     @property
     def devices(self) -> int:
         return sum(slice_devices(s) for s in self.desired)
-
-
-def _name(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def plan_sync(
@@ -245,22 +242,22 @@ def plan_sync(
     """
     current = max((slice_generation(obj) for obj in actual.values()), default=0)
     desired = list(build(current))
-    wanted = {_name(obj) for obj in desired}
+    wanted = {object_name(obj) for obj in desired}
     deletes = tuple(actual[name] for name in sorted(actual) if name not in wanted)
-    new = [obj for obj in desired if _name(obj) not in actual]
+    new = [obj for obj in desired if object_name(obj) not in actual]
     changed = [obj for obj in desired
-               if _name(obj) in actual and not same(obj, actual[_name(obj)])]
+               if object_name(obj) in actual and not same(obj, actual[object_name(obj)])]
     keep = (resume is not None and resume == current) or (not new and len(changed) <= 1)
     generation, bumped = current, False
     if not keep:
         generation, bumped = max(current, floor) + 1, True
         desired = list(build(generation))
-        new = [obj for obj in desired if _name(obj) not in actual]
+        new = [obj for obj in desired if object_name(obj) not in actual]
         changed = [obj for obj in desired
-                   if _name(obj) in actual and not same(obj, actual[_name(obj)])]
+                   if object_name(obj) in actual and not same(obj, actual[object_name(obj)])]
     updates = tuple(
-        Update(obj, actual[_name(obj)],
-               slice_difference(obj, actual[_name(obj)]) or "differs")
+        Update(obj, actual[object_name(obj)],
+               slice_difference(obj, actual[object_name(obj)]) or "differs")
         for obj in changed)
     return SyncPlan(generation=generation, bumped=bumped, desired=tuple(desired),
                     deletes=deletes, updates=updates, creates=tuple(new),
@@ -270,7 +267,7 @@ def plan_sync(
 def vanished(plan: SyncPlan, published: Iterable[str]) -> list[str]:
     """Slices this plan re-creates although we had published them: someone deleted them."""
     names = set(published)
-    return [_name(obj) for obj in plan.creates if _name(obj) in names]
+    return [object_name(obj) for obj in plan.creates if object_name(obj) in names]
 
 
 def replacement(actual: Obj, desired: Obj) -> dict[str, Any]:

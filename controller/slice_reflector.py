@@ -14,17 +14,17 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
 from gpudra.kube.backoff import Backoff
+from gpudra.kube.errors import ApiCallError, Gone, api_error
 from gpudra.kube.log_once import FailureLog
-from gpudra.kube.raw_api import RESOURCE_SLICES, ApiCallError, RawApi, WatchStream
+from gpudra.kube.objects import Obj, object_name
+from gpudra.kube.raw_api import RESOURCE_SLICES, RawApi, WatchStream
 
 log = structlog.get_logger(__name__)
-
-Obj = dict[str, Any]
 
 HEALTHY_WATCH_SECONDS: Final = 1.0
 """A watch that ends sooner without delivering anything counts as a failure (no spinning)."""
@@ -35,10 +35,6 @@ outage a fresh LIST is cheaper and surer than replaying history (our pool is ~10
 
 class _Expired(Exception):
     """The watch's resourceVersion is too old: LIST again."""
-
-
-def _name(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def _rv(obj: Obj | None) -> int | None:
@@ -83,7 +79,7 @@ class SliceReflector:
 
     def remember(self, obj: Obj) -> None:
         """Record the server's answer to our create or update."""
-        name = _name(obj)
+        name = object_name(obj)
         if name and not self._stale(obj):
             self.cache[name] = obj
             self._gone.pop(name, None)
@@ -97,7 +93,7 @@ class SliceReflector:
 
     def _stale(self, obj: Obj) -> bool:
         """True if ``obj`` is older than what we know: the cached state, or its deletion."""
-        name = _name(obj)
+        name = object_name(obj)
         if _older(obj, self.cache.get(name)):
             return True
         mine, deleted = _rv(obj), _rv(self._gone.get(name))
@@ -118,10 +114,9 @@ class SliceReflector:
                 log.info("slice watch expired; listing again",
                          resource_version=self.resource_version)
                 relist = True
+            except Gone:
+                relist = True
             except ApiCallError as error:
-                if error.status == 410:
-                    relist = True
-                    continue
                 self._failures.failed((error.verb, error.status, error.reason),
                                       "slice list/watch failed; retrying", verb=error.verb,
                                       status=error.status, error=str(error))
@@ -130,7 +125,7 @@ class SliceReflector:
     async def _list(self) -> None:
         listing = await self._api.list(RESOURCE_SLICES, field_selector=self._selector)
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
-        self.cache = {_name(item): item for item in items if _name(item)}
+        self.cache = {object_name(item): item for item in items if object_name(item)}
         self._gone.clear()
         self.resource_version = str((listing.get("metadata") or {}).get("resourceVersion")
                                     or "")
@@ -172,10 +167,10 @@ class SliceReflector:
             if kind == "ERROR":
                 if obj.get("code") == 410:
                     raise _Expired
-                raise ApiCallError("watch", RESOURCE_SLICES.plural, None,
-                                   status=int(obj.get("code") or 500),
-                                   reason=str(obj.get("reason") or ""),
-                                   message=str(obj.get("message") or ""))
+                raise api_error("watch", RESOURCE_SLICES.plural, None,
+                                status=int(obj.get("code") or 500),
+                                reason=str(obj.get("reason") or ""),
+                                message=str(obj.get("message") or ""))
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if rv:
                 self.resource_version = str(rv)
@@ -189,7 +184,7 @@ class SliceReflector:
         return count
 
     def _apply(self, obj: Obj) -> bool:
-        name = _name(obj)
+        name = object_name(obj)
         current = self.cache.get(name)
         if not name or self._stale(obj) or obj == current:
             return False
@@ -200,7 +195,7 @@ class SliceReflector:
         return True
 
     def _remove(self, obj: Obj) -> bool:
-        name = _name(obj)
+        name = object_name(obj)
         current = self.cache.get(name)
         if current is None or _older(obj, current):
             return False  # already gone, or re-created since

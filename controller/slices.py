@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpudra.api.quantity import format_quantity
-from gpudra.controller.slice_validation import (
+from gpudra.controller.api_limits import (
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     RESOURCE_SLICE_MAX_COUNTER_SETS,
     RESOURCE_SLICE_MAX_DEVICES,

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudra.api.claims import claim_ref
 from gpudra.api.configs import ConfigError, DeviceConfig, GpuConfig, MigDeviceConfig, decode_config
 
 
@@ -30,10 +31,6 @@ class AllocatedDevice:
     admin_access: bool = False
     share_id: str | None = None
 
-    @property
-    def base_request(self) -> str:
-        return self.request.split("/", 1)[0]
-
 
 @dataclass(frozen=True)
 class ClaimToPrepare:
@@ -46,18 +43,7 @@ class ClaimToPrepare:
     @property
     def ref(self) -> str:
         """``namespace/name:uid``: how every message and log line names the claim."""
-        return f"{self.namespace}/{self.name}:{self.uid}"
-
-
-@dataclass(frozen=True)
-class PreparedResult:
-    """One prepared device as the kubelet needs it."""
-
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
+        return claim_ref(self.namespace, self.name, self.uid)
 
 
 class ClaimError(Exception):

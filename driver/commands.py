@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-_BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
-_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib")
+from gpudra.driver.driver_root import BINARY_DIRS, DriverRoot
 
 
 class CommandError(RuntimeError):
@@ -34,14 +33,14 @@ class HostCommandRunner:
         self.timeout = timeout
 
     def _resolve(self, name: str) -> str:
-        for folder in _BIN_DIRS:
+        for folder in BINARY_DIRS:
             candidate = self.driver_root / folder / name
             if candidate.exists():
                 return str(candidate)
         raise CommandError(f"{name} not found under the driver root {self.driver_root}")
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        libs = [str(self.driver_root / d) for d in _LIB_DIRS if (self.driver_root / d).is_dir()]
+        libs = [str(d) for d in DriverRoot(self.driver_root).library_dirs()]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         if self.driver_root != Path("/") and libs:
             env["LD_LIBRARY_PATH"] = ":".join(libs)

@@ -6,8 +6,9 @@ here; ``numaNode`` and ``nvlinkDomain`` are additions for placement-aware select
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from gpudra.driver.devices import (
     AttributeValue,
@@ -19,6 +20,7 @@ from gpudra.driver.devices import (
 )
 from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.mig import (
+    CAPACITY_NAMES,
     MigProfile,
     Placement,
     consumption,
@@ -29,6 +31,32 @@ from gpudra.driver.mig import (
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+# --- what devices publish: the schema the builders below follow -----------------------------
+# gpudra.scheduling.catalog checks claims against it; tests/scheduling/test_catalog.py builds
+# every simulated profile and checks that devices publish exactly this, no more, no less.
+
+GPU: Final = "gpu"
+MIG: Final = "mig"
+_COMMON_ATTRIBUTES: Final[Mapping[str, type[AttributeValue]]] = {
+    "type": str, "uuid": str, "productName": str, "brand": str, "architecture": str,
+    "cudaComputeCapability": Version, "driverVersion": Version, "cudaDriverVersion": Version,
+    "numaNode": int, PCI_BUS_ID: str, PCIE_ROOT: str,
+}
+PUBLISHED_ATTRIBUTES: Final[Mapping[str, Mapping[str, type[AttributeValue]]]] = {
+    GPU: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
+    MIG: {**_COMMON_ATTRIBUTES, "parentUUID": str, "profile": str},
+}
+"""Per device type: every attribute a device may carry (some only on some nodes), with the
+Python type of its value. A qualified name is in another domain; bare ones are the driver's."""
+GPU_CAPACITIES: Final = ("memory", "multiprocessors")
+PUBLISHED_CAPACITIES: Final[Mapping[str, tuple[str, ...]]] = {
+    GPU: GPU_CAPACITIES,
+    MIG: CAPACITY_NAMES,
+}
+"""Per device type: the capacities every device of it publishes."""
+MEMORY_SLICE_CAPACITY: Final = "memorySlice"
+"""Static MIG devices also publish ``memorySlice<i>`` (value 1) per memory slice they hold."""
 
 # nvmlBrandType_t → the strings NVIDIA's driver publishes.
 BRANDS = {
@@ -87,7 +115,7 @@ def _common_attributes(inv: NodeInventory, gpu: GpuRecord) -> dict[str, Attribut
 
 def _full_gpu(inv: NodeInventory, gpu: GpuRecord, counters: CounterSet | None) -> Device:
     probe = gpu.probe
-    attrs: dict[str, AttributeValue] = {"type": "gpu", "uuid": probe.uuid}
+    attrs: dict[str, AttributeValue] = {"type": GPU, "uuid": probe.uuid}
     attrs.update(_common_attributes(inv, gpu))
     consumes: tuple[CounterConsumption, ...] = ()
     if counters is not None:
@@ -96,7 +124,8 @@ def _full_gpu(inv: NodeInventory, gpu: GpuRecord, counters: CounterSet | None) -
         name=f"gpu-{probe.minor}",
         group=f"gpu-{probe.minor}",
         attributes=attrs,
-        capacity={"memory": probe.memory_bytes, "multiprocessors": probe.multiprocessors},
+        capacity=dict(zip(
+            GPU_CAPACITIES, (probe.memory_bytes, probe.multiprocessors), strict=True)),
         consumes_counters=consumes,
     )
 
@@ -104,7 +133,7 @@ def _full_gpu(inv: NodeInventory, gpu: GpuRecord, counters: CounterSet | None) -
 def _mig_attributes(
     inv: NodeInventory, gpu: GpuRecord, profile: MigProfile
 ) -> dict[str, AttributeValue]:
-    attrs: dict[str, AttributeValue] = {"type": "mig", "parentUUID": gpu.probe.uuid,
+    attrs: dict[str, AttributeValue] = {"type": MIG, "parentUUID": gpu.probe.uuid,
                                         "profile": profile.name}
     attrs.update(_common_attributes(inv, gpu))
     # MIG devices cannot use NVLink peer-to-peer, so they belong to no NVLink domain.
@@ -132,7 +161,7 @@ def _static_mig_devices(inv: NodeInventory, gpu: GpuRecord) -> list[Device]:
         attrs["uuid"] = instance.uuid
         capacity = profile.capacities()
         for i in instance.placement.slices:
-            capacity[f"memorySlice{i}"] = 1
+            capacity[f"{MEMORY_SLICE_CAPACITY}{i}"] = 1
         devices.append(Device(
             name=device_name(gpu.probe.minor, profile, instance.placement),
             group=f"gpu-{gpu.probe.minor}",

@@ -1,8 +1,10 @@
-"""Named crash points for crash-safety tests.
+"""Named crash, delay and fail points for crash-safety and supervision tests.
 
 ``GPUDRA_CRASH_AT=<point>`` makes the process die at once (``os._exit``: no cleanup, no
-``finally``, like SIGKILL or a power cut) when it reaches that point. Unset in production,
-where each check is one dictionary lookup.
+``finally``, like SIGKILL or a power cut) when it reaches that point;
+``GPUDRA_DELAY_AT=<point>=<seconds>`` makes it slow there; ``GPUDRA_FAIL_AT=<point>[=<n>]``
+raises :class:`InjectedFault` there (the first ``n`` times, or every time), like a bug in a
+long-running task. Unset in production, where each check is one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import Counter
 
 ENV = "GPUDRA_CRASH_AT"
 CRASH_EXIT_CODE = 86
@@ -47,3 +50,24 @@ def crash_point(name: str) -> None:
         sys.stderr.write(f"gpudra: crashing at {name} ({ENV})\n")
         sys.stderr.flush()
         os._exit(CRASH_EXIT_CODE)
+
+
+FAIL_ENV = "GPUDRA_FAIL_AT"
+FAIL_POINTS = ("publisher:after-round",)
+
+_failures: Counter[str] = Counter()  # per process: how often each fail point has raised
+
+
+class InjectedFault(RuntimeError):
+    """Raised at a fail point named in ``GPUDRA_FAIL_AT``."""
+
+
+def fail_point(name: str) -> None:
+    """Raise here if the environment asks for it (``<point>`` or ``<point>=<times>``)."""
+    if name not in FAIL_POINTS:
+        raise ValueError(f"unknown fail point {name!r}")
+    point, _, times = os.environ.get(FAIL_ENV, "").partition("=")
+    if point != name or (times and _failures[name] >= int(times)):
+        return
+    _failures[name] += 1
+    raise InjectedFault(f"injected fault at {name} ({FAIL_ENV})")

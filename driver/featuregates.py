@@ -27,9 +27,6 @@ class FeatureGates:
             raise KeyError(f"unknown feature gate {name!r}")
         return self.values.get(name, DEFAULTS[name])
 
-    def as_dict(self) -> dict[str, bool]:
-        return {name: self.enabled(name) for name in sorted(DEFAULTS)}
-
 
 def parse_feature_gates(text: str | None) -> FeatureGates:
     values: dict[str, bool] = {}

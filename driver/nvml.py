@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpudra.driver.driver_root import DriverRoot
 from gpudra.driver.mig import MigProfile, Placement, profile_name
 
 T = TypeVar("T")
@@ -48,10 +49,6 @@ class NvmlError(Exception):
     @property
     def is_insufficient_resources(self) -> bool:
         return self.code == int(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-
-    @property
-    def is_in_use(self) -> bool:
-        return self.code == int(pynvml.NVML_ERROR_IN_USE)
 
     @property
     def is_not_found(self) -> bool:
@@ -560,26 +557,19 @@ def _handle_address(handle: Any) -> int | None:
     return int(value) if value else None
 
 
-# Where distributions and the GPU operator's driver container put libnvidia-ml.
-_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib",
-                 "lib64", "lib")
-
-
 def _load_from_driver_root(driver_root: Path) -> None:
     """Point pynvml at the driver root's ``libnvidia-ml.so.1`` (a containerised daemon sees
     the host driver under a mount, not on its own library path)."""
-    for folder in _LIBRARY_DIRS:
-        candidate = driver_root / folder / "libnvidia-ml.so.1"
-        if candidate.exists():
-            try:
-                library = ctypes.CDLL(str(candidate))
-            except OSError as exc:
-                raise NvmlUnavailable(f"cannot load {candidate}: {exc}") from exc
-            with pynvml.libLoadLock:
-                pynvml.nvmlLib = library
-                pynvml._nvmlGetFunctionPointer_cache.clear()
-            return
-    # Not found under the root: fall back to the loader's search path (driver root "/").
+    candidate = DriverRoot(driver_root).find_library("libnvidia-ml.so.1")
+    if candidate is None:
+        return  # fall back to the loader's search path (driver root "/")
+    try:
+        library = ctypes.CDLL(str(candidate))
+    except OSError as exc:
+        raise NvmlUnavailable(f"cannot load {candidate}: {exc}") from exc
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
 
 
 def open_nvml(

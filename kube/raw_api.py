@@ -5,72 +5,59 @@ fields they do not know, so a slice read through them and written back would los
 newer apiserver added; the typed ``create_*``/``replace_*`` methods would also convert our
 dicts into those models on the way out. The ApiClient still supplies the configuration,
 authentication and the aiohttp session. Every call is counted in ``API_CALLS`` and every
-failure, HTTP or not, is an ``ApiCallError``.
+failure, HTTP or not, is an ``ApiCallError`` of the class ``gpudra.kube.errors`` gives its
+status (``NotFound``, ``Conflict``, ...).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 from urllib.parse import quote
 
 import aiohttp
 from kubernetes.aio import client
 
+from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
 from gpudra.kube.metrics import API_CALLS
-
-Obj = dict[str, Any]
-
-_MAX_MESSAGE: Final = 512  # a 422 can quote a whole slice; logs need the gist, not 200 KB
+from gpudra.kube.objects import Obj
 
 
 @dataclass(frozen=True)
 class Resource:
     plural: str
     """The resource as audit logs and our metrics name it."""
-    path: str
-    """The collection's URL path."""
+    group_version: str
+    """The URL path of its API group and version: ``/api/v1``, ``/apis/<group>/<version>``."""
+    namespaced: bool = False
 
-    def item(self, name: str) -> str:
-        return f"{self.path}/{quote(name, safe='')}"
+    def collection(self, namespace: str | None = None) -> str:
+        """The collection's URL path; of every namespace when a namespaced resource is
+        given none."""
+        if namespace is None:
+            return f"{self.group_version}/{self.plural}"
+        if not self.namespaced:
+            raise ValueError(f"{self.plural} are cluster-scoped: no namespace {namespace!r}")
+        return f"{self.group_version}/namespaces/{quote(namespace, safe='')}/{self.plural}"
 
-
-NODES: Final = Resource("nodes", "/api/v1/nodes")
-RESOURCE_SLICES: Final = Resource("resourceslices", "/apis/resource.k8s.io/v1/resourceslices")
-
-
-class ApiCallError(Exception):
-    """An API call that did not succeed. ``status`` 0: no HTTP answer (refused, reset,
-    timed out); ``retry_after``: what the server asked us to wait, in seconds."""
-
-    def __init__(self, verb: str, resource: str, name: str | None, *, status: int,
-                 reason: str, message: str, retry_after: float | None = None) -> None:
-        self.verb = verb
-        self.resource = resource
-        self.name = name
-        self.status = status
-        self.reason = reason
-        self.message = message[:_MAX_MESSAGE]
-        self.retry_after = retry_after
-        target = f"{resource}/{name}" if name else resource
-        code = f"HTTP {status} {reason}" if status else reason
-        super().__init__(f"{verb} {target}: {code}: {self.message}")
-
-    @property
-    def outcome(self) -> str:
-        return outcome(self.status, self.reason)
+    def item(self, name: str, namespace: str | None = None) -> str:
+        if self.namespaced and namespace is None:
+            raise ValueError(f"{self.plural} are namespaced: {name!r} needs a namespace")
+        return f"{self.collection(namespace)}/{quote(name, safe='')}"
 
 
-def outcome(status: int, reason: str = "") -> str:
-    """A small, bounded metric label for a response."""
-    if status == 0:
-        return "timeout" if reason == "Timeout" else "unreachable"
-    if status < 300:
-        return "ok"
-    return {404: "not_found", 409: "conflict", 410: "expired", 422: "invalid",
-            429: "throttled"}.get(status, "server_error" if status >= 500 else "error")
+NODES: Final = Resource("nodes", "/api/v1")
+RESOURCE_SLICES: Final = Resource("resourceslices", "/apis/resource.k8s.io/v1")
+RESOURCE_CLAIMS: Final = Resource("resourceclaims", "/apis/resource.k8s.io/v1", namespaced=True)
+
+
+def _target(name: str | None, namespace: str | None) -> str | None:
+    """How errors name the object: ``name``, or ``namespace/name``."""
+    return f"{namespace}/{name}" if name is not None and namespace is not None else name
 
 
 def _status_fields(body: bytes) -> tuple[str, str, float | None]:
@@ -78,9 +65,9 @@ def _status_fields(body: bytes) -> tuple[str, str, float | None]:
     try:
         status = json.loads(body)
     except ValueError:
-        return "", body[:_MAX_MESSAGE].decode(errors="replace"), None
+        return "", body[:MAX_MESSAGE].decode(errors="replace"), None
     if not isinstance(status, dict):
-        return "", str(status)[:_MAX_MESSAGE], None
+        return "", str(status)[:MAX_MESSAGE], None
     retry = (status.get("details") or {}).get("retryAfterSeconds")
     return (str(status.get("reason") or ""), str(status.get("message") or ""),
             float(retry) if isinstance(retry, int | float) else None)
@@ -94,8 +81,30 @@ def _retry_after(headers: Mapping[str, str], fallback: float | None) -> float | 
         return fallback
 
 
+def _counted(error: ApiCallError) -> ApiCallError:
+    API_CALLS.labels(error.verb, error.resource, error.outcome).inc()
+    return error
+
+
+@contextmanager
+def _no_answer(verb: str, resource: Resource, name: str | None,
+               timeout: float) -> Iterator[None]:
+    """Turn the transport's failures (no HTTP answer) into a counted ``Unreachable``."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise _counted(api_error(verb, resource.plural, name, status=0, reason="Timeout",
+                                 message=f"no answer within {timeout:g}s")) from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise _counted(api_error(verb, resource.plural, name, status=0,
+                                 reason=type(exc).__name__,
+                                 message=str(exc) or repr(exc))) from exc
+
+
 class RawApi:
-    """GET, LIST, WATCH, POST, PUT and DELETE of plain JSON objects; one seam to the server."""
+    """GET, LIST, WATCH, POST, PUT and DELETE of plain JSON objects; one seam to the server.
+
+    Each call is counted once in ``API_CALLS``, with how it ended."""
 
     def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
         self._client = api_client
@@ -103,27 +112,19 @@ class RawApi:
 
     async def _open(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
-                    body: Obj | None = None,
-                    client_timeout: aiohttp.ClientTimeout | None = None,
+                    body: Obj | None = None, client_timeout: aiohttp.ClientTimeout,
                     ) -> aiohttp.ClientResponse:
-        """Send one request; return the response once its status is a success."""
+        """Send one request; return the response once its status is a success. Transport
+        failures pass through for the caller, who knows the deadline they belong to."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        try:
-            params = await self._client.param_serialize(
-                method=method, resource_path=path, query_params=list(query),
-                header_params=headers, body=body, auth_settings=["BearerToken"])
-            answer = await self._client.call_api(
-                *params, _request_timeout=client_timeout or aiohttp.ClientTimeout(
-                    total=self.timeout), _preload_content=False)
-            response: aiohttp.ClientResponse = answer.response
-        except TimeoutError as exc:
-            raise self._failed(verb, resource, name, status=0, reason="Timeout",
-                               message=f"no answer within {self.timeout:g}s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise self._failed(verb, resource, name, status=0, reason=type(exc).__name__,
-                               message=str(exc) or repr(exc)) from exc
+        params = await self._client.param_serialize(
+            method=method, resource_path=path, query_params=list(query),
+            header_params=headers, body=body, auth_settings=["BearerToken"])
+        answer = await self._client.call_api(
+            *params, _request_timeout=client_timeout, _preload_content=False)
+        response: aiohttp.ClientResponse = answer.response
         if response.status >= 300:
             try:
                 data = await response.read()
@@ -132,67 +133,70 @@ class RawApi:
             finally:
                 response.release()
             reason, message, retry = _status_fields(data)
-            raise self._failed(verb, resource, name, status=response.status,
-                               reason=reason or str(response.reason or ""), message=message,
-                               retry_after=_retry_after(response.headers, retry))
-        API_CALLS.labels(verb, resource.plural, "ok").inc()
+            raise _counted(api_error(verb, resource.plural, name, status=response.status,
+                                     reason=reason or str(response.reason or ""),
+                                     message=message,
+                                     retry_after=_retry_after(response.headers, retry)))
         return response
-
-    def _failed(self, verb: str, resource: Resource, name: str | None, *, status: int,
-                reason: str, message: str, retry_after: float | None = None) -> ApiCallError:
-        error = ApiCallError(verb, resource.plural, name, status=status, reason=reason,
-                             message=message, retry_after=retry_after)
-        API_CALLS.labels(verb, resource.plural, error.outcome).inc()
-        return error
 
     async def _call(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
                     body: Obj | None = None) -> Obj:
-        response = await self._open(verb, resource, name, method, path, query=query, body=body)
-        try:
-            data = await response.read()
-        except TimeoutError as exc:
-            raise ApiCallError(verb, resource.plural, name, status=0, reason="Timeout",
-                               message="answer cut short") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ApiCallError(verb, resource.plural, name, status=0,
-                               reason=type(exc).__name__, message=str(exc)) from exc
-        finally:
-            response.release()
+        with _no_answer(verb, resource, name, self.timeout):
+            # One deadline for headers and body: a stalled body must not hang the call.
+            async with asyncio.timeout(self.timeout):
+                response = await self._open(
+                    verb, resource, name, method, path, query=query, body=body,
+                    client_timeout=aiohttp.ClientTimeout(total=self.timeout))
+                try:
+                    data = await response.read()
+                finally:
+                    response.release()
         try:
             obj = json.loads(data)
         except ValueError as exc:
-            raise ApiCallError(verb, resource.plural, name, status=response.status,
-                               reason="BadJSON",
-                               message="the server answered with invalid JSON") from exc
+            raise _counted(BadAnswer(verb, resource.plural, name, status=response.status,
+                                     reason="BadJSON",
+                                     message="the server answered with invalid JSON")) from exc
         if not isinstance(obj, dict):
-            raise ApiCallError(verb, resource.plural, name, status=response.status,
-                               reason="BadJSON",
-                               message=f"expected an object, got {type(obj).__name__}")
+            raise _counted(BadAnswer(verb, resource.plural, name, status=response.status,
+                                     reason="BadJSON",
+                                     message=f"expected an object, got {type(obj).__name__}"))
+        API_CALLS.labels(verb, resource.plural, "ok").inc()
         return obj
 
-    async def get(self, resource: Resource, name: str) -> Obj:
-        return await self._call("get", resource, name, "GET", resource.item(name))
+    async def get(self, resource: Resource, name: str, *,
+                  namespace: str | None = None) -> Obj:
+        return await self._call("get", resource, _target(name, namespace), "GET",
+                                resource.item(name, namespace))
 
-    async def list(self, resource: Resource, *, field_selector: str = "") -> Obj:
+    async def list(self, resource: Resource, *, namespace: str | None = None,
+                   field_selector: str = "") -> Obj:
         query = [("fieldSelector", field_selector)] if field_selector else []
-        return await self._call("list", resource, None, "GET", resource.path, query=query)
+        return await self._call("list", resource, None, "GET", resource.collection(namespace),
+                                query=query)
 
-    async def create(self, resource: Resource, body: Obj) -> Obj:
+    async def create(self, resource: Resource, body: Obj, *,
+                     namespace: str | None = None) -> Obj:
         name = (body.get("metadata") or {}).get("name")
-        return await self._call("create", resource, name, "POST", resource.path, body=body)
+        return await self._call("create", resource, _target(name, namespace), "POST",
+                                resource.collection(namespace), body=body)
 
-    async def replace(self, resource: Resource, name: str, body: Obj) -> Obj:
-        return await self._call("update", resource, name, "PUT", resource.item(name), body=body)
+    async def replace(self, resource: Resource, name: str, body: Obj, *,
+                      namespace: str | None = None) -> Obj:
+        return await self._call("update", resource, _target(name, namespace), "PUT",
+                                resource.item(name, namespace), body=body)
 
-    async def delete(self, resource: Resource, name: str, *,
+    async def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
                      preconditions: Mapping[str, str] | None = None) -> None:
         options: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if preconditions:
             options["preconditions"] = dict(preconditions)
-        await self._call("delete", resource, name, "DELETE", resource.item(name), body=options)
+        await self._call("delete", resource, _target(name, namespace), "DELETE",
+                         resource.item(name, namespace), body=options)
 
-    async def watch(self, resource: Resource, *, field_selector: str, resource_version: str,
+    async def watch(self, resource: Resource, *, namespace: str | None = None,
+                    field_selector: str, resource_version: str,
                     timeout_seconds: int) -> WatchStream:
         """Open a watch from ``resource_version``; the server ends it after
         ``timeout_seconds``. A quiet connection is given up a little after that."""
@@ -204,8 +208,11 @@ class RawApi:
             query.append(("resourceVersion", resource_version))
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout,
                                         sock_read=timeout_seconds + self.timeout)
-        response = await self._open("watch", resource, None, "GET", resource.path,
-                                    query=query, client_timeout=timeout)
+        with _no_answer("watch", resource, None, self.timeout):
+            response = await self._open("watch", resource, None, "GET",
+                                        resource.collection(namespace), query=query,
+                                        client_timeout=timeout)
+        API_CALLS.labels("watch", resource.plural, "ok").inc()
         return WatchStream(response, resource)
 
 
@@ -222,12 +229,12 @@ class WatchStream:
             try:
                 line = await self._response.content.readline()
             except TimeoutError as exc:
-                raise ApiCallError("watch", self._resource.plural, None, status=0,
-                                   reason="Timeout", message="watch went quiet") from exc
+                raise api_error("watch", self._resource.plural, None, status=0,
+                                reason="Timeout", message="watch went quiet") from exc
             except (aiohttp.ClientError, OSError) as exc:
-                raise ApiCallError("watch", self._resource.plural, None, status=0,
-                                   reason=type(exc).__name__,
-                                   message=str(exc) or repr(exc)) from exc
+                raise api_error("watch", self._resource.plural, None, status=0,
+                                reason=type(exc).__name__,
+                                message=str(exc) or repr(exc)) from exc
             if not line:
                 return None
             if not line.strip():
@@ -235,9 +242,9 @@ class WatchStream:
             try:
                 event = json.loads(line)
             except ValueError as exc:
-                raise ApiCallError("watch", self._resource.plural, None, status=200,
-                                   reason="BadJSON",
-                                   message=f"undecodable watch event {line[:80]!r}") from exc
+                raise BadAnswer("watch", self._resource.plural, None, status=200,
+                                reason="BadJSON",
+                                message=f"undecodable watch event {line[:80]!r}") from exc
             if isinstance(event, dict):
                 return event
 

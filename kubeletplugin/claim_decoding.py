@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpudra.api.claims import claim_ref
 from gpudra.driver.claims import AllocatedDevice, ClaimError, ClaimToPrepare, OpaqueConfig
 
 
@@ -15,7 +16,7 @@ def decode_claim(
 
     Raises :class:`ClaimError` naming the claim and the field that is wrong.
     """
-    ref = f"{namespace}/{name}:{uid}"
+    ref = claim_ref(namespace, name, uid)
     meta = raw.get("metadata") or {}
     if meta.get("uid") != uid:
         raise ClaimError(f"claim {ref}: the claim was replaced: the API server has uid "

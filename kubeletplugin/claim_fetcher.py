@@ -1,19 +1,23 @@
 """GET ResourceClaims from the API server, concurrently, as raw JSON.
 
 Raw JSON (not the client's pydantic models) because client-37 models drop fields they do
-not know, and an opaque config or a newer allocation field must reach us intact.
+not know, and an opaque config or a newer allocation field must reach us intact. The GETs go
+through the Kubernetes layer's ``RawApi``: counted in ``gpudra_api_calls``, one deadline for
+headers and body, and its typed errors turned here into one message per claim.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.aio import client
 
+from gpudra.api.claims import claim_ref
 from gpudra.driver.claims import ClaimError
+from gpudra.kube.errors import ApiCallError, BadAnswer, NotFound, Unreachable
+from gpudra.kube.raw_api import RESOURCE_CLAIMS, RawApi
 
 
 class ClaimFetchError(ClaimError):
@@ -22,40 +26,14 @@ class ClaimFetchError(ClaimError):
 
 class ClaimFetcher:
     def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._api = client.ResourceV1Api(api_client)
-        self._timeout = timeout
+        self._api = RawApi(api_client, timeout=timeout)
 
     async def fetch(self, namespace: str, name: str, uid: str) -> Mapping[str, Any]:
-        ref = f"{namespace}/{name}:{uid}"
         try:
-            # One deadline for headers and body: a stalled body must not hang the call.
-            status, body = await asyncio.wait_for(self._get(name, namespace), self._timeout)
-        except TimeoutError as exc:
-            raise ClaimFetchError(f"claim {ref}: API server did not answer within "
-                                  f"{self._timeout:g}s") from exc
-        except client.ApiException as exc:
-            raise ClaimFetchError(f"claim {ref}: API error {exc.status}: {exc.reason}") from exc
-        except Exception as exc:  # aiohttp connection and payload errors and the like
-            raise ClaimFetchError(f"claim {ref}: cannot reach the API server: {exc}") from exc
-        if status == 404:
-            raise ClaimFetchError(f"claim {ref}: not found in the API server")
-        if status >= 400:
-            raise ClaimFetchError(f"claim {ref}: API error {status}: {_status_message(body)}")
-        try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise ClaimFetchError(f"claim {ref}: API server sent invalid JSON") from exc
-        if not isinstance(data, dict):
-            raise ClaimFetchError(f"claim {ref}: API server sent {type(data).__name__}")
-        return data
-
-    async def _get(self, name: str, namespace: str) -> tuple[int, bytes]:
-        response = await self._api.read_namespaced_resource_claim_without_preload_content(
-            name, namespace)
-        try:
-            return int(response.status), await response.read()
-        finally:
-            response.release()
+            return await self._api.get(RESOURCE_CLAIMS, name, namespace=namespace)
+        except ApiCallError as error:
+            raise ClaimFetchError(
+                f"claim {claim_ref(namespace, name, uid)}: {_problem(error)}") from error
 
     async def fetch_all(
         self, refs: Sequence[tuple[str, str, str]]
@@ -74,11 +52,13 @@ class ClaimFetcher:
         return out
 
 
-def _status_message(body: bytes) -> str:
-    try:
-        status = json.loads(body)
-    except ValueError:
-        return body[:200].decode(errors="replace")
-    if isinstance(status, dict) and isinstance(status.get("message"), str):
-        return str(status["message"])
-    return body[:200].decode(errors="replace")
+def _problem(error: ApiCallError) -> str:
+    """What went wrong, naming the API server (``driver.metrics.error_reason`` sorts
+    prepare errors by these words: "not found in the API server", else "API server")."""
+    if isinstance(error, NotFound):
+        return "not found in the API server"
+    if isinstance(error, Unreachable):
+        return f"cannot reach the API server: {error.message}"
+    if isinstance(error, BadAnswer):
+        return f"bad answer from the API server: {error.message}"
+    return f"API error {error.status} from the API server: {error.message or error.reason}"

@@ -19,10 +19,10 @@ from typing import Any, Protocol, TypeVar
 import grpc
 import structlog
 
-from gpudra.api.claims import ClaimRef
+from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
-from .interfaces import ClaimPreparer, PreparedDeviceResult, PrepareOutcome
+from .interfaces import ClaimPreparer, PrepareOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -37,14 +37,13 @@ class WireClaim(Protocol):
     uid: str
 
 
-def base_request_name(name: str) -> str:
-    """``"req/sub"`` -> ``"req"``: the kubelet matches container claims by base request."""
-    return name.split("/", 1)[0]
-
-
 def base_request_names(names: Iterable[str]) -> list[str]:
-    """Base names in first-seen order, each once (two subrequests of one request collapse)."""
-    return list(dict.fromkeys(base_request_name(name) for name in names))
+    """``"req/sub"`` -> ``"req"``, in first-seen order, each once.
+
+    The kubelet matches a container's claim by base request (``resourceclaim.BaseRequestRef``
+    in the Go helper); this is the only place subrequests are stripped.
+    """
+    return list(dict.fromkeys(name.split("/", 1)[0] for name in names))
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
         })
 
 
-def _v1_device(device: PreparedDeviceResult) -> dra_v1_pb2.Device:
+def _v1_device(device: PreparedDevice) -> dra_v1_pb2.Device:
     message = dra_v1_pb2.Device(
         request_names=base_request_names(device.request_names),
         pool_name=device.pool,
@@ -262,7 +261,7 @@ def _v1_device(device: PreparedDeviceResult) -> dra_v1_pb2.Device:
     return message
 
 
-def _v1beta1_device(device: PreparedDeviceResult) -> dra_v1beta1_pb2.Device:
+def _v1beta1_device(device: PreparedDevice) -> dra_v1beta1_pb2.Device:
     return dra_v1beta1_pb2.Device(
         request_names=base_request_names(device.request_names),
         pool_name=device.pool,

@@ -1,8 +1,9 @@
 """The seam between the kubelet gRPC face and the prepare/unprepare logic behind it.
 
 The gRPC servicers only translate: kubelet requests become :class:`ClaimRef` lists, and a
-:class:`ClaimPreparer`'s answers become kubelet responses. Nothing here knows about
-protobuf, so a preparer can be driven and tested without gRPC.
+:class:`ClaimPreparer`'s answers (:class:`PreparedDevice` s, as the driver returns them)
+become kubelet responses. Nothing here knows about protobuf, so a preparer can be driven
+and tested without gRPC.
 """
 
 from __future__ import annotations
@@ -11,27 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpudra.api.claims import ClaimRef
-
-
-@dataclass(frozen=True)
-class PreparedDeviceResult:
-    """One prepared device of a claim, and the CDI devices a container needs for it."""
-
-    # Empty means "all requests of the claim" (kubelet semantics).
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]
-    # Only for consumable-capacity allocations; the v1beta1 API cannot carry it.
-    share_id: str | None = None
+from gpudra.api.claims import ClaimRef, PreparedDevice
 
 
 @dataclass(frozen=True)
 class PrepareOutcome:
     """The result of preparing one claim: its devices, or an error the kubelet will retry."""
 
-    devices: tuple[PreparedDeviceResult, ...] = ()
+    devices: tuple[PreparedDevice, ...] = ()
     error: str | None = None
 
 

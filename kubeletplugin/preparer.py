@@ -17,29 +17,15 @@ import structlog
 
 from gpudra.api.claims import ClaimRef
 from gpudra.driver import metrics
-from gpudra.driver.claims import ClaimError, ClaimToPrepare, PreparedResult
+from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.interfaces import PreparedDeviceResult, PrepareOutcome
+from gpudra.kubeletplugin.interfaces import PrepareOutcome
 
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 
 log = structlog.get_logger(__name__)
-
-
-def _result(prepared: Sequence[PreparedResult]) -> PrepareOutcome:
-    return PrepareOutcome(devices=tuple(
-        PreparedDeviceResult(
-            # Already base names; the gRPC layer strips subrequests again at the wire.
-            request_names=d.request_names,
-            pool=d.pool,
-            device=d.device,
-            cdi_device_ids=d.cdi_device_ids,
-            share_id=d.share_id,
-        )
-        for d in prepared
-    ))
 
 
 class Preparer:
@@ -55,7 +41,7 @@ class Preparer:
         # Already prepared (a kubelet retry or restart): answer from the checkpoint, no GET.
         known = self._state.prepared_many(ref.uid for ref in claims)
         for uid, prepared in known.items():
-            outcomes[uid] = _result(prepared)
+            outcomes[uid] = PrepareOutcome(devices=prepared)
         to_fetch = [ref for ref in claims if ref.uid not in known]
         fetched = await self._fetcher.fetch_all([(r.namespace, r.name, r.uid) for r in to_fetch])
         decoded: list[tuple[ClaimRef, ClaimToPrepare]] = []
@@ -79,7 +65,7 @@ class Preparer:
                 continue
             metrics.PREPARE_SECONDS.observe(each)
             log.info("prepared", claim=str(ref), devices=[d.device for d in result])
-            outcomes[ref.uid] = _result(result)
+            outcomes[ref.uid] = PrepareOutcome(devices=result)
         return outcomes
 
     @staticmethod
@@ -91,7 +77,7 @@ class Preparer:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
         errors: dict[str, str | None] = {}
         for ref in claims:
-            claim_log = log.bind(claim=f"{ref.namespace}/{ref.name}:{ref.uid}")
+            claim_log = log.bind(claim=str(ref))
             started = time.perf_counter()
             try:
                 await asyncio.to_thread(self._state.unprepare, ref.uid)

@@ -5,162 +5,37 @@ fit, depth-first backtracking over claims, requests and ``firstAvailable`` subre
 the same order of checks) and returns ``status.allocation``-shaped results, or the
 scheduler's error (a CEL runtime error aborts the allocation, as on a real cluster), plus
 a trace that says, for every device and request, whether it was chosen and otherwise why.
+
+The claim's requests are read in ``claim_requests``, the pools in ``pools``, and the trace
+types are in ``allocation_trace``. What stays here (~490 lines) is one thing: the search,
+a recursion over state shared by all its steps (``_Run``), kept in one file so its order
+of checks can be read next to the scheduler's.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
+from gpudra.controller.api_limits import ALLOCATION_RESULTS_MAX_SIZE
 from gpudra.scheduling.allocation_state import (
     Constraint,
     CounterLedger,
-    DeviceEntry,
-    DeviceId,
-    NodePools,
-    PoolIndex,
-    PoolNote,
     allocated_devices,
-    node_matches,
     untolerated_taint,
 )
+from gpudra.scheduling.allocation_trace import (
+    Allocation,
+    AllocationError,
+    DeviceOutcome,
+    RequestTrace,
+    shortfall,
+)
 from gpudra.scheduling.cel import CelCompileError, Selector, compile_selector
-
-MAX_RESULTS = 32
-"""``AllocationResultsMaxSize``: devices per claim."""
-
-
-# --- the claim, as the allocator reads it ------------------------------------------------
-
-@dataclass(frozen=True)
-class Request:
-    """One request, or one ``firstAvailable`` subrequest of a request."""
-
-    name: str
-    """``req``, or ``req/sub`` for a subrequest: what results and configs call it."""
-    base: str
-    sub: str
-    device_class: str
-    selectors: tuple[str, ...]
-    all_mode: bool
-    count: int
-    admin_access: bool
-    tolerations: tuple[Mapping[str, Any], ...]
-
-    @property
-    def wanted(self) -> str:
-        return "All" if self.all_mode else str(self.count)
-
-
-@dataclass(frozen=True)
-class RequestGroup:
-    """``spec.devices.requests[i]``: one alternative, or its ``firstAvailable`` list."""
-
-    name: str
-    alternatives: tuple[Request, ...]
-    first_available: bool
-
-
-def _request(base: str, sub: str, spec: Mapping[str, Any], admin: bool) -> Request:
-    mode = spec.get("allocationMode") or "ExactCount"
-    selectors = tuple(str((s.get("cel") or {}).get("expression", ""))
-                      for s in spec.get("selectors") or [])
-    return Request(
-        name=f"{base}/{sub}" if sub else base,
-        base=base,
-        sub=sub,
-        device_class=str(spec.get("deviceClassName", "")),
-        selectors=selectors,
-        all_mode=mode == "All",
-        count=int(spec.get("count") or 1) if mode != "All" else 0,
-        admin_access=admin,
-        tolerations=tuple(spec.get("tolerations") or ()),
-    )
-
-
-def request_groups(devices: Mapping[str, Any]) -> list[RequestGroup]:
-    """The requests of ``spec.devices`` (a pre-v1 request without ``exactly`` is accepted)."""
-    groups = []
-    for raw in devices.get("requests") or []:
-        name = str(raw.get("name", ""))
-        if raw.get("firstAvailable"):
-            alternatives = tuple(_request(name, str(s.get("name", "")), s, False)
-                                 for s in raw["firstAvailable"])
-            groups.append(RequestGroup(name, alternatives, True))
-        else:
-            exact = raw.get("exactly") or raw
-            groups.append(RequestGroup(name, (
-                _request(name, "", exact, bool(exact.get("adminAccess"))),), False))
-    return groups
-
-
-def claim_label(claim: Mapping[str, Any]) -> str:
-    """``namespace/name`` as the scheduler prints it (``klog.KObj``)."""
-    meta = claim.get("metadata") or {}
-    name = str(meta.get("name") or meta.get("generateName") or "<unnamed>")
-    return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
-
-
-# --- the trace ------------------------------------------------------------------------
-
-class DeviceOutcome(NamedTuple):
-    """What happened to one device for one request (a tuple: there are many of these)."""
-
-    device: DeviceId
-    status: str
-    """``chosen``, ``matches`` (selected by CEL, not needed) or ``rejected``."""
-    code: str = ""
-    """Why, as a category: class-selector, request-selector, cel-error, allocated, in-claim,
-    taint, counters, constraint, wrong-node."""
-    reason: str = ""
-
-
-@dataclass
-class RequestTrace:
-    claim: str
-    request: str
-    device_class: str
-    wanted: str
-    outcomes: list[DeviceOutcome] = field(default_factory=list)
-    tried: bool = False
-    """The search reached this (sub)request."""
-    selected: bool = False
-    """The allocation uses this (sub)request."""
-
-    @property
-    def chosen(self) -> list[DeviceId]:
-        return [o.device for o in self.outcomes if o.status == "chosen"]
-
-
-@dataclass
-class Allocation:
-    """The answer for a pod's claims (often one) on one node."""
-
-    node: str
-    claims: list[str]
-    results: list[dict[str, Any]] | None
-    """One ``status.allocation`` per claim, when all of them fit on the node."""
-    error: str | None
-    """A scheduler error: allocation is aborted (CEL runtime error, unknown class …)."""
-    requests: list[RequestTrace]
-    pools: list[PoolNote]
-    blocking: str | None = None
-    """One line: why the claims do not fit (when they neither fit nor error)."""
-
-    @property
-    def allocatable(self) -> bool:
-        return self.results is not None
-
-    @property
-    def result(self) -> dict[str, Any] | None:
-        """The first (usually only) claim's allocation."""
-        return self.results[0] if self.results else None
-
-
-class AllocationError(Exception):
-    """The scheduler would abort with this error."""
+from gpudra.scheduling.claim_requests import Request, RequestGroup, claim_label, request_groups
+from gpudra.scheduling.pools import DeviceEntry, DeviceId, NodePools, PoolIndex, node_matches
 
 
 class _TooMany(Exception):
@@ -325,9 +200,10 @@ class _Run:
                 for ai, request in enumerate(group.alternatives):
                     counts.append(self._prepare_request(ci, gi, ai, claim, request))
                 minimum += min(counts) if counts else 0
-            if minimum > MAX_RESULTS:
-                raise AllocationError(f"claim {claim.label}: number of requested devices "
-                                      f"{minimum} exceeds the claim limit of {MAX_RESULTS}")
+            if minimum > ALLOCATION_RESULTS_MAX_SIZE:
+                raise AllocationError(
+                    f"claim {claim.label}: number of requested devices {minimum} exceeds the "
+                    f"claim limit of {ALLOCATION_RESULTS_MAX_SIZE}")
 
     def _prepare_request(self, ci: int, gi: int, ai: int, claim: _Claim,
                          request: Request) -> int:
@@ -443,7 +319,7 @@ class _Run:
             return False
         if di >= needed:
             return self._one((ci, gi + 1, 0), 0, 0, False)
-        if len(claim.results) + needed - di > MAX_RESULTS:
+        if len(claim.results) + needed - di > ALLOCATION_RESULTS_MAX_SIZE:
             self.too_many = True
             raise _TooMany
         if request.all_mode:
@@ -598,54 +474,14 @@ def _astuple(verdict: _Verdict) -> tuple[str, str]:
     return verdict.code, verdict.reason
 
 
-# --- why not --------------------------------------------------------------------------
-
-def top_reasons(outcomes: Iterable[DeviceOutcome], limit: int = 3) -> str:
-    """The commonest rejections: ``"200 devices: class … selector #0 is false; 2 devices: …"``."""
-    counts = Counter(o.reason for o in outcomes if o.status == "rejected")
-    parts = [f"{n} device{'s' if n != 1 else ''}: {reason}"
-             for reason, n in counts.most_common(limit)]
-    if len(counts) > limit:
-        parts.append("…")
-    return "; ".join(parts)
-
-
-def _why(outcomes: Iterable[DeviceOutcome]) -> str:
-    reasons = top_reasons(outcomes)
-    return f" ({reasons})" if reasons else ""
-
-
-def usable(trace: RequestTrace) -> int:
-    """Devices that pass the selectors, are free and tolerated (only the search rejected them)."""
-    return sum(1 for o in trace.outcomes if o.status in ("chosen", "matches")
-               or o.code in ("counters", "constraint", "in-claim"))
-
-
-def _short(request: Request, trace: RequestTrace) -> str | None:
-    """Why this (sub)request cannot be met whatever the other requests do, if it cannot."""
-    if request.all_mode:
-        blocked = [o for o in trace.outcomes if o.code in ("allocated", "taint")]
-        if blocked:
-            return (f"request {request.name}: wants all matching devices but some are "
-                    f"unavailable{_why(blocked)}")
-        if usable(trace) == 0:
-            return f"request {request.name}: no device matches{_why(trace.outcomes)}"
-        return None
-    count = usable(trace)
-    if count >= request.count:
-        return None
-    return (f"request {request.name}: needs {request.count}, {count} of {len(trace.outcomes)} "
-            f"devices usable{_why(trace.outcomes)}")
-
-
 def _blocking(run: _Run, traces: list[RequestTrace]) -> str:
     if run.too_many:
-        return f"a claim would need more than {MAX_RESULTS} devices"
+        return f"a claim would need more than {ALLOCATION_RESULTS_MAX_SIZE} devices"
     by_key = dict(zip(run.traces, traces, strict=True))
     prefix = len(run.claims) > 1
     for ci, claim in enumerate(run.claims):
         for gi, group in enumerate(claim.groups):
-            short = [_short(r, by_key[(ci, gi, ai)]) for ai, r in enumerate(group.alternatives)]
+            short = [shortfall(r, by_key[(ci, gi, ai)]) for ai, r in enumerate(group.alternatives)]
             if all(short):
                 text = "; ".join(s for s in short if s)
                 return f"claim {claim.label}: {text}" if prefix else text

@@ -13,16 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra.scheduling.allocator import Allocation, Allocator, DeviceOutcome, usable
+from gpudra.scheduling.allocation_trace import Allocation, DeviceOutcome, usable
+from gpudra.scheduling.allocator import Allocator
+from gpudra.scheduling.catalog import STANDARD_ATTRIBUTES, STANDARD_DOMAIN, suggest
 from gpudra.scheduling.cel import CelCompileError, compile_selector
 from gpudra.scheduling.cel.values import split_name
-from gpudra.scheduling.validate import (
-    STANDARD_ATTRIBUTES,
-    STANDARD_DOMAIN,
-    objects,
-    pod_spec,
-    suggest,
-)
+from gpudra.scheduling.validate import objects, pod_spec
 
 
 class ExplainError(ValueError):

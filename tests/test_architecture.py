@@ -75,3 +75,36 @@ def test_every_subpackage_is_listed_in_pyproject():
             rel = init.parent.relative_to(ROOT / folder)
             expected.add(".".join([package, *rel.parts]))
     assert expected - listed == set(), "add these to [tool.setuptools] packages"
+
+
+def _readme_layout() -> dict[str, tuple[str, set[str]]]:
+    """The README's layout table: folder -> (import name, layers it may import)."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Layout", 1)[1].split("\n\n", 2)[1]
+    rows: dict[str, tuple[str, set[str]]] = {}
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        folder, package, may = cells[0].strip("`/"), cells[1].strip("`"), cells[3]
+        allowed = set() if may in ("", "—") else {
+            name.strip().strip("`") for name in may.split(",")}
+        rows[folder] = (package, allowed)
+    return rows
+
+
+def test_readme_layout_table_matches_the_layers_and_the_tree():
+    rows = _readme_layout()
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = {folder: package for package, folder in config["package-dir"].items()}
+    code = {folder: row[0] for folder, row in rows.items() if row[0]}
+    assert code == mapping, "README layout table and pyproject package-dir disagree"
+    for folder in code:
+        allowed = rows[folder][1]
+        expected = LAYERS.get(folder, set())  # data-only packages: deploy, examples
+        if allowed == {"everything"}:
+            assert expected == set(LAYERS) - {folder}
+        else:
+            assert allowed == expected, f"README says {folder} may import {sorted(allowed)}"
+    top = {p.name for p in ROOT.iterdir()
+           if p.is_dir() and not p.name.startswith(".") and not p.name.endswith(".egg-info")
+           and p.name not in ("build", "dist")}
+    assert top == set(rows), "README layout table and top-level folders disagree"

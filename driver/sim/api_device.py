@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .api_mig import fill_shared_engines
 from .cabi import as_int, capacity, invalid, put, put_text, struct_version, target
 from .codes import (
     COMPUTEMODE_DEFAULT,
@@ -127,22 +128,14 @@ class DeviceApi(LibraryCore):
             model = dev.slot.model
             full = max(model.mig.profiles, key=lambda p: p.slices) if model.mig else None
             info.multiprocessorCount = model.multiprocessors
-            info.sharedCopyEngineCount = full.copy_engines if full else 0
-            info.sharedDecoderCount = full.decoders if full else 0
-            info.sharedEncoderCount = full.encoders if full else 0
-            info.sharedJpegCount = full.jpeg if full else 0
-            info.sharedOfaCount = full.ofa if full else 0
+            fill_shared_engines(info, full)
             info.gpuInstanceSliceCount = 0
             info.computeInstanceSliceCount = 0
             info.memorySizeMB = model.memory_mib
             return
         gi, ci = dev.mig.gi_profile, dev.mig.profile
         info.multiprocessorCount = gi.ci_multiprocessors(ci)
-        info.sharedCopyEngineCount = gi.copy_engines
-        info.sharedDecoderCount = gi.decoders
-        info.sharedEncoderCount = gi.encoders
-        info.sharedJpegCount = gi.jpeg
-        info.sharedOfaCount = gi.ofa
+        fill_shared_engines(info, gi)
         info.gpuInstanceSliceCount = gi.slices
         info.computeInstanceSliceCount = ci.slices
         info.memorySizeMB = gi.memory_mib

@@ -56,18 +56,22 @@ def _fill_gi_profile(info: Any, p: GpuInstanceProfile, *, named: bool) -> None:
         info.name = f"MIG {p.name}".encode()
 
 
+def fill_shared_engines(info: Any, gi: GpuInstanceProfile | None) -> None:
+    """The engine counts a device or compute instance shares: its GPU instance's (0 without)."""
+    info.sharedCopyEngineCount = gi.copy_engines if gi else 0
+    info.sharedDecoderCount = gi.decoders if gi else 0
+    info.sharedEncoderCount = gi.encoders if gi else 0
+    info.sharedJpegCount = gi.jpeg if gi else 0
+    info.sharedOfaCount = gi.ofa if gi else 0
+
+
 def _fill_ci_profile(info: Any, gi: GpuInstanceProfile, ci: ComputeInstanceProfile, *,
                      named: bool) -> None:
     info.id = ci.id
     info.sliceCount = ci.slices
     info.instanceCount = ci.max_instances
     info.multiprocessorCount = gi.ci_multiprocessors(ci)
-    # Compute instances share their GPU instance's engines.
-    info.sharedCopyEngineCount = gi.copy_engines
-    info.sharedDecoderCount = gi.decoders
-    info.sharedEncoderCount = gi.encoders
-    info.sharedJpegCount = gi.jpeg
-    info.sharedOfaCount = gi.ofa
+    fill_shared_engines(info, gi)
     if named:
         info.name = f"MIG {gi.ci_name(ci)}".encode()
 

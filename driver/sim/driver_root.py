@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpudra.driver.cdi import mig_capability_minors
+from gpudra.driver.driver_root import mig_capability_minors
 
 DRIVER_VERSION = "580.65.06"
 NVIDIA_MAJOR = 195
@@ -37,8 +37,12 @@ def populate_driver_root(
     mig: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     *,
     driver_version: str = DRIVER_VERSION,
+    lib_dir: str = LIB_DIR,
 ) -> Path:
-    """Create (or top up) a driver root with GPUs ``gpu_minors`` and MIG ``(gi, ci)`` pairs."""
+    """Create (or top up) a driver root with GPUs ``gpu_minors`` and MIG ``(gi, ci)`` pairs.
+
+    ``lib_dir`` is where the libraries go (a distribution's layout, e.g. ``lib64``).
+    """
     dev = root / "dev"
     (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
     for name in (*CONTROL_NODES, *(f"nvidia{m}" for m in gpu_minors)):
@@ -55,7 +59,7 @@ def populate_driver_root(
         for gi, ci in instances:
             add_mig_instance(root, minor, gi, ci)
 
-    libs = root / LIB_DIR
+    libs = root / lib_dir
     libs.mkdir(parents=True, exist_ok=True)
     for name, soname in LIBRARIES:
         real = libs / f"{name}.{driver_version}"

@@ -1,11 +1,10 @@
 """A CEL environment that behaves like the one Kubernetes uses for DRA device selectors."""
 
-from gpudra.scheduling.cel.environment import MAX_EXPRESSION_LENGTH, Selector, compile_selector
+from gpudra.scheduling.cel.environment import Selector, compile_selector
 from gpudra.scheduling.cel.errors import CelCompileError, CelEvalError
 from gpudra.scheduling.cel.values import DeviceView, device_view
 
 __all__ = [
-    "MAX_EXPRESSION_LENGTH",
     "CelCompileError",
     "CelEvalError",
     "DeviceView",

@@ -16,6 +16,7 @@ import celpy
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
+from gpudra.controller.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
 from gpudra.scheduling.cel.checks import Analysis, Footprint, analyse
 from gpudra.scheduling.cel.errors import CelCompileError, CelEvalError
 from gpudra.scheduling.cel.evaluator import DeviceRunner
@@ -24,8 +25,6 @@ from gpudra.scheduling.cel.library import FUNCTIONS
 from gpudra.scheduling.cel.operators import type_name
 from gpudra.scheduling.cel.values import DeviceView
 
-MAX_EXPRESSION_LENGTH = 10 * 1024
-"""``CELSelectorExpressionMaxLength``: bytes of one expression."""
 _RESULT_CACHE_LIMIT = 1 << 16
 
 _ENVIRONMENT = celpy.Environment()
@@ -154,9 +153,9 @@ def compile_selector(expression: str) -> Selector:
 
 def _compile(expression: str) -> Selector | CelCompileError:
     size = len(expression.encode())
-    if size > MAX_EXPRESSION_LENGTH:
+    if size > CEL_SELECTOR_EXPRESSION_MAX_LENGTH:
         return CelCompileError(f"expression too long: {size} bytes, the limit is "
-                               f"{MAX_EXPRESSION_LENGTH}")
+                               f"{CEL_SELECTOR_EXPRESSION_MAX_LENGTH}")
     if not expression.strip():
         return CelCompileError("expression is empty")
     try:

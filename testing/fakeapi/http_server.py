@@ -22,7 +22,8 @@ from urllib.parse import parse_qs, urlsplit
 from gpudra.testing.fakeapi import discovery, routing
 from gpudra.testing.fakeapi.errors import ApiError, page_not_found
 from gpudra.testing.fakeapi.faults import Faults, RequestRecord
-from gpudra.testing.fakeapi.operations import Api, Request
+from gpudra.testing.fakeapi.operations import Api
+from gpudra.testing.fakeapi.request import Request
 from gpudra.testing.fakeapi.watch import WatchControl, WatchStream
 
 _HEALTH = {"/healthz", "/livez", "/readyz"}

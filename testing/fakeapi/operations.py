@@ -14,14 +14,23 @@ import json
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from gpudra.testing.fakeapi import errors as fe
 from gpudra.testing.fakeapi.apply import ManagedFields, leaves
 from gpudra.testing.fakeapi.errors import ApiError, DecodeError
 from gpudra.testing.fakeapi.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from gpudra.testing.fakeapi.request import (
+    APPLY_PATCH,
+    APPLY_PATCH_CBOR,
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_PATCH,
+    Request,
+    json_body,
+    now,
+    yaml_or_json_body,
+)
 from gpudra.testing.fakeapi.resources import ResourceType
 from gpudra.testing.fakeapi.selectors import (
     Selector,
@@ -36,64 +45,7 @@ from gpudra.testing.fakeapi.watch import WatchControl, WatchRequest, WatchStream
 Obj = dict[str, Any]
 WriteHook = Callable[[Obj], None]
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-STRATEGIC_PATCH = "application/strategic-merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
-APPLY_PATCH_CBOR = "application/apply-patch+cbor"
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's generateName alphabet
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class Request:
-    """One API request, already routed."""
-
-    resource: ResourceType
-    namespace: str | None  # None: cluster-scoped, or a list/watch across all namespaces
-    name: str | None = None
-    subresource: str | None = None
-    query: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    content_type: str = ""
-    user_agent: str = ""
-
-    @property
-    def dry_run(self) -> bool:
-        return bool(self.query.get("dryRun"))
-
-    def flag(self, key: str) -> bool:
-        return self.query.get(key, "").lower() in ("true", "1")
-
-    def manager(self) -> str:
-        """fieldManager, or the apiserver's default: the User-Agent up to its first '/'."""
-        return self.query.get("fieldManager") or self.user_agent.split("/")[0] or "unknown"
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise fe.bad_request(f"couldn't get version/kind; json parse error: {exc}") from exc
-
-
-def _yaml_or_json(body: bytes) -> Any:
-    """Apply bodies are YAML; JSON is YAML, and the Python client always sends JSON."""
-    try:
-        return json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError):
-        pass
-    try:
-        import yaml
-    except ImportError as exc:  # pragma: no cover - PyYAML is a project dependency
-        raise fe.bad_request("YAML apply bodies need PyYAML in the test environment") from exc
-    try:
-        return yaml.safe_load(body)
-    except yaml.YAMLError as exc:
-        raise fe.bad_request(f"error decoding YAML: {exc}") from exc
 
 
 def _strip_times(entries: list[Obj] | None) -> list[Obj]:
@@ -249,7 +201,7 @@ class Api:
     def create(self, req: Request, *, body: Any = None,
                apply_manager: str | None = None) -> tuple[int, Obj]:
         rt = req.resource
-        obj = self._decode_object(req, _json(req.body) if body is None else body)
+        obj = self._decode_object(req, json_body(req.body) if body is None else body)
         meta = obj["metadata"]
         ts = now()
         with self.store.lock:
@@ -291,7 +243,7 @@ class Api:
     # ---- update and patch ----------------------------------------------------------------
 
     def update(self, req: Request) -> tuple[int, Obj]:
-        new = self._decode_object(req, _json(req.body))
+        new = self._decode_object(req, json_body(req.body))
         if new["metadata"].get("name") != req.name:
             raise fe.bad_request(f"the name of the object ({new['metadata'].get('name')}) does "
                                  f"not match the name on the URL ({req.name})")
@@ -307,7 +259,7 @@ class Api:
             raise fe.invalid_error(
                 _PATCH_OPTIONS, "", [fe.forbidden("force", "may not be specified for non-apply "
                                                            "patch")])
-        patch_body = _json(req.body)
+        patch_body = json_body(req.body)
         with self.store.lock:
             old = self._existing(req)
             try:
@@ -339,7 +291,7 @@ class Api:
         if not manager:
             raise fe.invalid_error(_PATCH_OPTIONS, "", [
                 fe.required("fieldManager", "is required for apply patch")])
-        config = _yaml_or_json(req.body)
+        config = yaml_or_json_body(req.body)
         if not isinstance(config, dict) or not config.get("kind") or \
                 not config.get("apiVersion"):
             raise fe.bad_request(f"Object 'Kind' or 'apiVersion' is missing in '{req.body!r}'")
@@ -420,7 +372,7 @@ class Api:
     # ---- delete --------------------------------------------------------------------------
 
     def _delete_options(self, req: Request) -> Obj:
-        options = _json(req.body) if req.body.strip() else {}
+        options = json_body(req.body) if req.body.strip() else {}
         if not isinstance(options, dict):
             raise fe.bad_request("DeleteOptions must be an object")
         if "propagationPolicy" in req.query:

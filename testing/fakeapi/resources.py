@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra.testing.fakeapi import quantity
-from gpudra.testing.fakeapi.errors import FieldError
-from gpudra.testing.fakeapi.selectors import FieldGetter, path_getter
-from gpudra.testing.fakeapi.slice_validation import validate_resource_slice
-from gpudra.testing.fakeapi.validation import (
+from gpudra.testing.fakeapi.claim_validation import (
     validate_claim,
     validate_claim_status,
     validate_claim_template,
     validate_device_class,
 )
+from gpudra.testing.fakeapi.errors import FieldError
+from gpudra.testing.fakeapi.selectors import FieldGetter, path_getter
+from gpudra.testing.fakeapi.slice_validation import validate_resource_slice
 
 Obj = dict[str, Any]
 Validator = Callable[[Obj, Obj | None], list[FieldError]]

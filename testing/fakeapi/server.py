@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpudra.testing.fakeapi.faults import WRITE_VERBS, Faults, RequestRecord
 from gpudra.testing.fakeapi.http_server import ApiHttpServer
-from gpudra.testing.fakeapi.operations import Api, now
+from gpudra.testing.fakeapi.operations import Api
 from gpudra.testing.fakeapi.patch import merge_patch
+from gpudra.testing.fakeapi.pool_problems import pool_problems
+from gpudra.testing.fakeapi.request import now
 from gpudra.testing.fakeapi.resources import lookup
-from gpudra.testing.fakeapi.slice_validation import pool_problems
 from gpudra.testing.fakeapi.store import Store
 from gpudra.testing.fakeapi.watch import WatchControl
 

@@ -1,5 +1,9 @@
 """ResourceSlice validation: the apiserver's rules (dra-interfaces.md §5), written from the
-reference independently of the driver's own local validator, so each checks the other.
+reference independently of the driver's own local validator
+(``gpudra.controller.slice_validation``), so each checks the other:
+``tests/fakeapi/test_validators_agree.py`` sends the driver's rule table here and compares.
+This copy stays separate on purpose: it also decodes (wrong JSON types are 400s, not field
+errors) and checks updates, which the driver's copy has no use for.
 
 Order of checks and error paths follow ``validateResourceSliceSpec``: driver, pool,
 immutable fields, node selection, devices XOR sharedCounters, devices (size short-circuits),
@@ -84,7 +88,8 @@ def _spec(spec: Obj, old: Obj | None) -> list[FieldError]:
         # Presence counts, not length: an empty list is still "set" after decoding.
         errs.append(fe.invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed"))
     errs.extend(_devices(devices or [], old, spec))
-    errs.extend(_counter_sets(counters or []))
+    errs.extend(_counter_lists(counters or [], "spec.sharedCounters", name_field="name",
+                               max_entries=MAX_COUNTER_SETS, max_counters=MAX_COUNTERS_PER_SET))
     return errs
 
 
@@ -191,8 +196,10 @@ def _device(device: Obj, old: Obj | None, path: str, per_device_nodes: bool) -> 
     elif old is None or old.get("taints") != device.get("taints"):
         for i, taint in enumerate(taints):
             errs.extend(validate_taint(as_map(taint, f"{path}.taints"), f"{path}.taints[{i}]"))
-    errs.extend(_consumptions(get_list(device, "consumesCounters", path) or [],
-                              f"{path}.consumesCounters"))
+    errs.extend(_counter_lists(get_list(device, "consumesCounters", path) or [],
+                               f"{path}.consumesCounters", name_field="counterSet",
+                               max_entries=MAX_CONSUMPTIONS_PER_DEVICE,
+                               max_counters=MAX_COUNTERS_PER_CONSUMPTION))
     errs.extend(_device_nodes(device, path, per_device_nodes))
     errs.extend(_binding_conditions(device, path))
     return errs
@@ -287,9 +294,9 @@ def _version_value(value: str, path: str) -> list[FieldError]:
     return errs
 
 
-def _counter_map(counters: Obj, path: str) -> list[FieldError]:
-    if len(counters) > MAX_COUNTERS_PER_SET:
-        return [fe.too_many(path, len(counters), MAX_COUNTERS_PER_SET)]
+def _counter_map(counters: Obj, path: str, limit: int) -> list[FieldError]:
+    if len(counters) > limit:
+        return [fe.too_many(path, len(counters), limit)]
     errs: list[FieldError] = []
     for key in sorted(counters):
         errs.extend(check_dns_label(key, path))
@@ -298,55 +305,29 @@ def _counter_map(counters: Obj, path: str) -> list[FieldError]:
     return errs
 
 
-def _counter_sets(sets: list[Any]) -> list[FieldError]:
-    if len(sets) > MAX_COUNTER_SETS:
-        return [fe.too_many("spec.sharedCounters", len(sets), MAX_COUNTER_SETS)]
+def _counter_lists(entries: list[Any], path: str, *, name_field: str, max_entries: int,
+                   max_counters: int) -> list[FieldError]:
+    """``sharedCounters`` (named by ``name``) and ``consumesCounters`` (by ``counterSet``):
+    the same shape, checked alike, each with its own limits."""
+    if len(entries) > max_entries:
+        return [fe.too_many(path, len(entries), max_entries)]
     errs: list[FieldError] = []
     seen: set[str] = set()
-    for i, item in enumerate(sets):
-        path = f"spec.sharedCounters[{i}]"
-        counter_set = as_map(item, path)
-        name = get_str(counter_set, "name", f"{path}.name") or ""
+    for i, item in enumerate(entries):
+        entry_path = f"{path}[{i}]"
+        entry = as_map(item, entry_path)
+        name = get_str(entry, name_field, f"{entry_path}.{name_field}") or ""
         if not name:
-            errs.append(fe.required(f"{path}.name"))
+            errs.append(fe.required(f"{entry_path}.{name_field}"))
         else:
-            errs.extend(check_dns_label(name, f"{path}.name"))
-        counters = get_map(counter_set, "counters", f"{path}.counters") or {}
+            errs.extend(check_dns_label(name, f"{entry_path}.{name_field}"))
+        counters = get_map(entry, "counters", f"{entry_path}.counters") or {}
         if not counters:
-            errs.append(fe.required(f"{path}.counters"))
+            errs.append(fe.required(f"{entry_path}.counters"))
         else:
-            errs.extend(_counter_map(counters, f"{path}.counters"))
-    for i, counter_set in enumerate(sets):
-        name = counter_set.get("name", "")
-        if name in seen:
-            errs.append(fe.duplicate(f"spec.sharedCounters[{i}]", name))
-        seen.add(name)
-    return errs
-
-
-def _consumptions(consumptions: list[Any], path: str) -> list[FieldError]:
-    if len(consumptions) > MAX_CONSUMPTIONS_PER_DEVICE:
-        return [fe.too_many(path, len(consumptions), MAX_CONSUMPTIONS_PER_DEVICE)]
-    errs: list[FieldError] = []
-    seen: set[str] = set()
-    for i, item in enumerate(consumptions):
-        cpath = f"{path}[{i}]"
-        consumption = as_map(item, cpath)
-        counter_set = get_str(consumption, "counterSet", f"{cpath}.counterSet") or ""
-        if not counter_set:
-            errs.append(fe.required(f"{cpath}.counterSet"))
-        else:
-            errs.extend(check_dns_label(counter_set, f"{cpath}.counterSet"))
-        counters = get_map(consumption, "counters", f"{cpath}.counters") or {}
-        if not counters:
-            errs.append(fe.required(f"{cpath}.counters"))
-        elif len(counters) > MAX_COUNTERS_PER_CONSUMPTION:
-            errs.append(fe.too_many(f"{cpath}.counters", len(counters),
-                                    MAX_COUNTERS_PER_CONSUMPTION))
-        else:
-            errs.extend(_counter_map(counters, f"{cpath}.counters"))
-    for i, consumption in enumerate(consumptions):
-        name = consumption.get("counterSet", "")
+            errs.extend(_counter_map(counters, f"{entry_path}.counters", max_counters))
+    for i, entry in enumerate(entries):
+        name = entry.get(name_field, "")
         if name in seen:
             errs.append(fe.duplicate(f"{path}[{i}]", name))
         seen.add(name)
@@ -413,51 +394,3 @@ def _binding_conditions(device: Obj, path: str) -> list[FieldError]:
         errs.append(fe.invalid(f"{path}.bindingFailureConditions", failures,
                                "bindingFailureConditions are required to use bindingConditions"))
     return errs
-
-
-# ---- pool-wide checks (the scheduler's view, not the apiserver's) --------------------------
-
-def pool_problems(slices: list[Obj]) -> list[str]:
-    """What makes the scheduler treat a pool as invalid, for slices of one driver.
-
-    The apiserver accepts each slice on its own; these cross-slice rules (duplicate device
-    names or counter sets in a pool, references to unknown counter sets or counters) are
-    checked by the scheduler. Only slices of the newest generation of each pool count.
-    """
-    pools: dict[tuple[str, str], list[Obj]] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        pools.setdefault((spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")),
-                         []).append(spec)
-    problems: list[str] = []
-    for (driver, pool), specs in sorted(pools.items()):
-        newest = max((sp.get("pool") or {}).get("generation", 0) for sp in specs)
-        current = [sp for sp in specs if (sp.get("pool") or {}).get("generation", 0) == newest]
-        where = f"pool {driver}/{pool}"
-        expected = (current[0].get("pool") or {}).get("resourceSliceCount", 0)
-        if len(current) != expected:
-            problems.append(f"{where}: {len(current)} slices of generation {newest}, "
-                            f"resourceSliceCount says {expected}")
-        counter_sets: dict[str, set[str]] = {}
-        devices: set[str] = set()
-        for sp in current:
-            for cs in sp.get("sharedCounters") or []:
-                if cs.get("name") in counter_sets:
-                    problems.append(f"{where}: duplicate counter set {cs.get('name')!r}")
-                counter_sets[cs.get("name")] = set(cs.get("counters") or {})
-            for dev in sp.get("devices") or []:
-                if dev.get("name") in devices:
-                    problems.append(f"{where}: duplicate device name {dev.get('name')!r}")
-                devices.add(dev.get("name"))
-        for sp in current:
-            for dev in sp.get("devices") or []:
-                for use in dev.get("consumesCounters") or []:
-                    known = counter_sets.get(use.get("counterSet"))
-                    if known is None:
-                        problems.append(f"{where}: device {dev.get('name')!r} consumes unknown "
-                                        f"counter set {use.get('counterSet')!r}")
-                        continue
-                    for counter in sorted(set(use.get("counters") or {}) - known):
-                        problems.append(f"{where}: device {dev.get('name')!r} consumes unknown "
-                                        f"counter {use.get('counterSet')}/{counter}")
-    return problems

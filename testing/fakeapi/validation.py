@@ -1,7 +1,8 @@
-"""Validation shared by the kinds this server checks: object metadata, names, node selectors,
-taints, and the DeviceClass / ResourceClaim / ResourceClaimTemplate rules.
+"""Validation shared by the kinds this server checks: typed access, object metadata, names,
+node selectors, taints, opaque configs and CEL selectors.
 
-ResourceSlice rules live in ``slice_validation``. Everything here returns a list of
+The rules of each kind build on these: ResourceSlice in ``slice_validation``, DeviceClass,
+ResourceClaim(Template) and claim status in ``claim_validation``. Everything here returns a list of
 ``FieldError`` (→ 422 Invalid) and raises ``DecodeError`` (→ 400) where the apiserver's JSON
 decoder would already have failed on a value of the wrong JSON type.
 """
@@ -69,9 +70,17 @@ def get_str(obj: Obj, key: str, path: str) -> str | None:
     raise _fail(value, "string", path)
 
 
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
 def get_int(obj: Obj, key: str, path: str) -> int | None:
     value = obj.get(key)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise _fail(value, "int64", path)  # Go's decoder: the number overflows int64
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -268,190 +277,4 @@ def validate_selectors(selectors: list[Any], path: str) -> list[FieldError]:
             errs.append(fe.required(f"{path}[{i}].cel.expression"))
         elif len(expression) > CEL_EXPRESSION_MAX:
             errs.append(fe.too_long(f"{path}[{i}].cel.expression", CEL_EXPRESSION_MAX))
-    return errs
-
-
-# ---- DeviceClass ---------------------------------------------------------------------------
-
-def validate_device_class(obj: Obj, old: Obj | None = None) -> list[FieldError]:
-    errs = validate_meta(obj)
-    spec = get_map(obj, "spec", "DeviceClass.spec") or {}
-    errs.extend(validate_selectors(get_list(spec, "selectors", "spec.selectors") or [],
-                                   "spec.selectors"))
-    configs = get_list(spec, "config", "spec.config") or []
-    if len(configs) > 32:
-        errs.append(fe.too_many("spec.config", len(configs), 32))
-    else:
-        for i, config in enumerate(configs):
-            errs.extend(validate_opaque(as_map(config, "spec.config"), f"spec.config[{i}]"))
-    return errs
-
-
-# ---- ResourceClaim and ResourceClaimTemplate -----------------------------------------------
-
-def _request_names(devices: Obj) -> dict[str, set[str]]:
-    names: dict[str, set[str]] = {}
-    for request in devices.get("requests") or []:
-        if isinstance(request, dict):
-            subs = request.get("firstAvailable") or []
-            names[str(request.get("name"))] = {str(s.get("name")) for s in subs
-                                               if isinstance(s, dict)}
-    return names
-
-
-def _has_request(names: dict[str, set[str]], ref: str) -> bool:
-    head, _, sub = ref.partition("/")
-    return head in names and (not sub or sub in names[head])
-
-
-def _validate_exact(request: Obj, path: str) -> list[FieldError]:
-    errs: list[FieldError] = []
-    class_name = get_str(request, "deviceClassName", f"{path}.deviceClassName") or ""
-    if not class_name:
-        errs.append(fe.required(f"{path}.deviceClassName"))
-    else:
-        errs.extend(check_dns_subdomain(class_name, f"{path}.deviceClassName"))
-    errs.extend(validate_selectors(get_list(request, "selectors", path) or [],
-                                   f"{path}.selectors"))
-    mode = get_str(request, "allocationMode", path) or "ExactCount"
-    count = get_int(request, "count", f"{path}.count")
-    if mode == "All":
-        if count:
-            errs.append(fe.invalid(f"{path}.count", count,
-                                   "must not be specified when allocationMode is 'All'"))
-    elif mode == "ExactCount":
-        if count is not None and count <= 0:
-            errs.append(fe.invalid(f"{path}.count", count, "must be greater than zero"))
-    else:
-        errs.append(fe.not_supported(f"{path}.allocationMode", mode, ["All", "ExactCount"]))
-    return errs
-
-
-def validate_claim_spec(spec: Obj, path: str) -> list[FieldError]:
-    devices = get_map(spec, "devices", f"{path}.devices") or {}
-    dpath = f"{path}.devices"
-    errs: list[FieldError] = []
-    requests = get_list(devices, "requests", f"{dpath}.requests") or []
-    if len(requests) > 32:
-        errs.append(fe.too_many(f"{dpath}.requests", len(requests), 32))
-        requests = []
-    seen: set[str] = set()
-    for i, item in enumerate(requests):
-        rpath = f"{dpath}.requests[{i}]"
-        request = as_map(item, rpath)
-        name = get_str(request, "name", f"{rpath}.name") or ""
-        errs.extend(check_dns_label(name, f"{rpath}.name"))
-        exactly = get_map(request, "exactly", f"{rpath}.exactly")
-        first = get_list(request, "firstAvailable", f"{rpath}.firstAvailable")
-        if exactly is None and not first:
-            errs.append(fe.required(rpath, "exactly one of `exactly` or `firstAvailable` is "
-                                           "required"))
-        elif exactly is not None and first:
-            errs.append(fe.invalid(rpath, None, "exactly one of `exactly` or `firstAvailable` "
-                                                "is required, but multiple fields are set"))
-        elif exactly is not None:
-            errs.extend(_validate_exact(exactly, f"{rpath}.exactly"))
-        elif first is not None:
-            if len(first) > 8:
-                errs.append(fe.too_many(f"{rpath}.firstAvailable", len(first), 8))
-            else:
-                sub_seen: set[str] = set()
-                for j, sub_item in enumerate(first):
-                    spath = f"{rpath}.firstAvailable[{j}]"
-                    sub = as_map(sub_item, spath)
-                    sub_name = get_str(sub, "name", f"{spath}.name") or ""
-                    errs.extend(check_dns_label(sub_name, f"{spath}.name"))
-                    errs.extend(_validate_exact(sub, spath))
-                    if sub_name in sub_seen:
-                        errs.append(fe.duplicate(spath, sub_name))
-                    sub_seen.add(sub_name)
-        if name in seen:
-            errs.append(fe.duplicate(rpath, name))
-        seen.add(name)
-    names = _request_names(devices)
-    constraints = get_list(devices, "constraints", f"{dpath}.constraints") or []
-    if len(constraints) > 32:
-        errs.append(fe.too_many(f"{dpath}.constraints", len(constraints), 32))
-    configs = get_list(devices, "config", f"{dpath}.config") or []
-    if len(configs) > 32:
-        errs.append(fe.too_many(f"{dpath}.config", len(configs), 32))
-        configs = []
-    for i, item in enumerate(configs):
-        cpath = f"{dpath}.config[{i}]"
-        config = as_map(item, cpath)
-        for j, ref in enumerate(get_list(config, "requests", cpath) or []):
-            if not isinstance(ref, str) or not _has_request(names, ref):
-                errs.append(fe.invalid(f"{cpath}.requests[{j}]", ref,
-                                       "must be the name of a request in the claim or the name "
-                                       "of a request and a subrequest separated by '/'"))
-        errs.extend(validate_opaque(config, cpath))
-    return errs
-
-
-def validate_claim(obj: Obj, old: Obj | None = None) -> list[FieldError]:
-    errs = validate_meta(obj)
-    spec = get_map(obj, "spec", "ResourceClaim.spec") or {}
-    if old is not None:
-        # The spec is immutable; on update only immutability is checked.
-        if spec != (old.get("spec") or {}):
-            errs.append(fe.invalid("spec", spec, "field is immutable"))
-        return errs
-    return errs + validate_claim_spec(spec, "spec")
-
-
-def validate_claim_template(obj: Obj, old: Obj | None = None) -> list[FieldError]:
-    errs = validate_meta(obj)
-    spec = get_map(obj, "spec", "ResourceClaimTemplate.spec") or {}
-    if old is not None:
-        if spec != (old.get("spec") or {}):
-            errs.append(fe.invalid("spec", spec, "field is immutable"))
-        return errs
-    inner = get_map(spec, "spec", "spec.spec") or {}
-    return errs + validate_claim_spec(inner, "spec.spec")
-
-
-def _allocated(status: Obj) -> set[tuple[str, str, str, str]]:
-    allocation = status.get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return {(r.get("driver", ""), r.get("pool", ""), r.get("device", ""), r.get("shareID") or "")
-            for r in results if isinstance(r, dict)}
-
-
-def validate_claim_status(obj: Obj, old: Obj) -> list[FieldError]:
-    status = get_map(obj, "status", "ResourceClaim.status") or {}
-    old_status = old.get("status") or {}
-    errs: list[FieldError] = []
-    reserved = get_list(status, "reservedFor", "status.reservedFor") or []
-    if len(reserved) > 256:
-        errs.append(fe.too_many("status.reservedFor", len(reserved), 256))
-    else:
-        uids: set[str] = set()
-        for i, item in enumerate(reserved):
-            rpath = f"status.reservedFor[{i}]"
-            ref = as_map(item, rpath)
-            for key in ("resource", "name", "uid"):
-                if not ref.get(key):
-                    errs.append(fe.required(f"{rpath}.{key}"))
-            if ref.get("uid") in uids:
-                errs.append(fe.duplicate(rpath, ref.get("uid")))
-            uids.add(str(ref.get("uid")))
-    allocation = get_map(status, "allocation", "status.allocation")
-    if reserved and allocation is None:
-        errs.append(fe.forbidden("status.reservedFor",
-                                 "may not be specified when `allocated` is not set"))
-    old_allocation = old_status.get("allocation")
-    if old_allocation is not None and allocation is not None and allocation != old_allocation:
-        errs.append(fe.invalid("status.allocation", allocation, "field is immutable"))
-    allocated = _allocated(status)
-    for i, item in enumerate(get_list(status, "devices", "status.devices") or []):
-        dpath = f"status.devices[{i}]"
-        device = as_map(item, dpath)
-        device_id = (device.get("driver", ""), device.get("pool", ""),
-                     device.get("device", ""), device.get("shareID") or "")
-        if device_id not in allocated:
-            shown = "/".join(device_id[:3]) + (f"/{device_id[3]}" if device_id[3] else "")
-            errs.append(fe.invalid(dpath, shown, "must be an allocated device in the claim"))
-        conditions = device.get("conditions") or []
-        if len(conditions) > 8:
-            errs.append(fe.too_many(f"{dpath}.conditions", len(conditions), 8))
     return errs

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # from an unrelated directory: the demo must not depend on where it is started
+    return subprocess.run([sys.executable, "-m", "gpudra.cli.main", "demo", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_demo_runs_end_to_end_and_leaves_nothing_behind():
+def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path):
     before = set(Path("/tmp").glob("gd-demo-*"))
-    done = subprocess.run([sys.executable, "-m", "gpudra.cli.main", "demo"], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = demo(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "published 9 ResourceSlices" in out
@@ -27,3 +28,14 @@ def test_demo_runs_end_to_end_and_leaves_nothing_behind():
     assert 'gpudra_mig_operations_total{operation="create",outcome="ok"} 3.0' in out
     assert "sockets left behind: none" in out
     assert set(Path("/tmp").glob("gd-demo-*")) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_stops_at_once_and_quotes_the_log_when_the_node_daemon_dies(tmp_path):
+    done = demo(tmp_path, "--profile", "no-such-node")
+    assert done.returncode == 1
+    assert "the node process exited with status 1 before the ResourceSlices appeared" in \
+        done.stderr
+    assert "unknown node profile 'no-such-node'" in done.stderr
+    base = done.stdout.split("everything under ", 1)[1].split()[0]
+    assert base.startswith("/tmp/gd-demo-") and not Path(base).exists()

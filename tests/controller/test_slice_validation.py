@@ -7,14 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpudra.controller.slice_validation import (
-    FieldError,
-    SliceValidationError,
-    ensure_valid,
-    format_invalid,
-    validate_pool,
-    validate_slice,
-)
+from gpudra.controller.field_errors import FieldError, format_invalid
+from gpudra.controller.pool_validation import validate_pool
+from gpudra.controller.slice_validation import SliceValidationError, ensure_valid, validate_slice
 
 DRIVER = "gpu.nvidia.com"
 NAME = "node-1-gpu.nvidia.com-gpu-0"
@@ -327,7 +322,7 @@ def test_validation_does_not_modify_its_input():
         (res_slice(sharedCounters=[cset()]),
          'spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed'),
         (res_slice(attrs(x={"string": "s" * 65})),
-         "spec.devices[0].attributes[x].string: Too long: must have at most 64 bytes"),
+         "spec.devices[0].attributes[x].string: Too long: may not be more than 64 bytes"),
         (res_slice(attrs(x={"version": "1.02.3"})),
          'spec.devices[0].attributes[x].version: Invalid value: "1.02.3": '
          "must be a string compatible with semver.org spec 2.0.0"),

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra.driver import cdi, sim
-from gpudra.driver.checkpoint import CheckpointStore
+from gpudra.driver import sim
+from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.claims import AllocatedDevice, ClaimToPrepare, OpaqueConfig
+from gpudra.driver.commands import CommandRunner
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.device_state import DeviceState
+from gpudra.driver.driver_root import DriverRoot
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, open_nvml
@@ -40,19 +42,29 @@ class SimNode:
         self.nvml.shutdown()
 
 
-def start_node(root: Path, profile: str = "dgx-h100", *, boot_id: str = "boot-1") -> SimNode:
-    """Open (or re-open, after a 'crash') the simulated node under ``root``."""
+def start_node(
+    root: Path, profile: str = "dgx-h100", *, boot_id: str = "boot-1",
+    commands: CommandRunner | None = None, time_slicing: bool = True, mps: bool = True,
+    compute_modes: bool = True,
+) -> SimNode:
+    """Open (or re-open, after a 'crash') the simulated node under ``root``.
+
+    ``time_slicing``, ``mps`` and ``compute_modes`` are the feature gates
+    ``TimeSlicingSettings``, ``MPSSupport`` and ``ComputeModeSettings``; ``commands``
+    replaces the simulated host commands.
+    """
     nvml = open_nvml(simulate=profile, sim_state=root / "sim")
     store = CheckpointStore(root / "plugin", boot_id=boot_id)
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
     driver_root = root / "driver-root"
     populate_driver_root(driver_root, [g.probe.minor for g in inventory.gpus])
-    commands = SimulatedCommandRunner(root / "sim")
+    runner = commands or SimulatedCommandRunner(root / "sim")
     state = DeviceState(driver=DRIVER, nvml=nvml, index=NodeIndex.build(POOL, inventory,
                         ModelOptions()), store=store, cdi_root=root / "cdi",
-                        driver_root=cdi.DriverRoot(driver_root),
-                        commands=commands,
-                        mps=MpsManager(commands, root / "plugin" / "mps"))
+                        driver_root=DriverRoot(driver_root),
+                        commands=runner if time_slicing else None,
+                        mps=MpsManager(runner, root / "plugin" / "mps") if mps else None,
+                        compute_modes=compute_modes)
     state.reconcile()
     owned = state.owned_mig_uuids()
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -15,24 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.driver.checkpoint import (
+from gpudra.driver.checkpoint_codec import CheckpointCorrupt, CheckpointVersionUnsupported, encode
+from gpudra.driver.checkpoint_model import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
-    CheckpointCorrupt,
-    CheckpointLockTimeout,
-    CheckpointStore,
-    CheckpointVersionUnsupported,
     ClaimRecord,
+    DeviceRecord,
     MigRecord,
-    PreparedDevice,
-    current_boot_id,
-    encode,
     with_claim_completed,
     with_claim_started,
     with_mig_mode_baseline,
     without_claim,
 )
+from gpudra.driver.checkpoint_store import CheckpointLockTimeout, CheckpointStore, current_boot_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UID_A = "6f1c7a52-3b0e-4d5e-9a43-0c2f1e9b8d10"
@@ -40,7 +35,7 @@ UID_B = "a0d4e2f7-91b3-4c68-b5a2-7e3f0d1c6b29"
 
 
 def gpu(device="gpu-0", *, admin=False):
-    return PreparedDevice(
+    return DeviceRecord(
         request_names=["gpu"],
         pool="node-a",
         device=device,
@@ -52,7 +47,7 @@ def gpu(device="gpu-0", *, admin=False):
 
 
 def mig_device():
-    return PreparedDevice(
+    return DeviceRecord(
         request_names=["mig"],
         pool="node-a",
         device="gpu-1-mig-1g10gb-19-3",
@@ -77,11 +72,12 @@ def mig_device():
 def sample(boot_id="boot-1"):
     cp = Checkpoint(boot_id=boot_id, mig_mode_baseline={"GPU-1111": False})
     cp = with_claim_started(cp, ClaimRecord(uid=UID_A, namespace="ml", name="trainer",
+                                            state=PREPARE_STARTED, devices=[],
                                             restore={"computeMode": {"GPU-0000": "Default"}},
                                             started_at="2026-01-01T00:00:00Z"))
     cp = with_claim_completed(cp, UID_A, [gpu()])
     cp = with_claim_started(cp, ClaimRecord(uid=UID_B, namespace="default", name="nb",
-                                            devices=[mig_device()]))
+                                            state=PREPARE_STARTED, devices=[mig_device()]))
     return cp
 
 
@@ -105,7 +101,8 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_restore_data_with_non_string_keys_still_verifies(tmp_path):
     store = CheckpointStore(tmp_path, boot_id="b")
-    record = ClaimRecord(uid="u", namespace="n", name="c", restore={2: "a", 10: "b"})
+    record = ClaimRecord(uid="u", namespace="n", name="c", state=PREPARE_STARTED, devices=[],
+                         restore={2: "a", 10: "b"})
     store.save(with_claim_started(Checkpoint(boot_id="b"), record))
     assert store.load().claims["u"].restore == {"2": "a", "10": "b"}  # as JSON has it
 
@@ -145,7 +142,7 @@ def test_devices_in_use_excludes_own_claim_and_admin_access():
     cp = sample()
     assert cp.devices_in_use() == {("node-a", "gpu-0"), ("node-a", "gpu-1-mig-1g10gb-19-3")}
     assert cp.devices_in_use(exclude_uid=UID_A) == {("node-a", "gpu-1-mig-1g10gb-19-3")}
-    admin = ClaimRecord(uid="admin", namespace="mon", name="dcgm",
+    admin = ClaimRecord(uid="admin", namespace="mon", name="dcgm", state=PREPARE_STARTED,
                         devices=[gpu("gpu-7", admin=True)])
     cp = with_claim_completed(with_claim_started(cp, admin), "admin", admin.devices)
     assert ("node-a", "gpu-7") not in cp.devices_in_use(exclude_uid=UID_A)
@@ -220,10 +217,10 @@ def test_fields_from_a_newer_version_verify_load_and_survive_a_rewrite(tmp_path)
 
     store = CheckpointStore(tmp_path, boot_id="boot-1")
     cp = store.load()
-    assert cp.extra == {"futureNodeField": {"nested": [1, 2.5, None, "x"]}}
-    assert cp.claims[UID_B].extra == {"futureClaimField": "keep me"}
-    assert cp.claims[UID_B].devices[0].extra == {"futureDeviceField": True}
-    assert cp.claims[UID_B].devices[0].mig.extra == {"futureMigField": 7}
+    assert cp.model_extra == {"futureNodeField": {"nested": [1, 2.5, None, "x"]}}
+    assert cp.claims[UID_B].model_extra == {"futureClaimField": "keep me"}
+    assert cp.claims[UID_B].devices[0].model_extra == {"futureDeviceField": True}
+    assert cp.claims[UID_B].devices[0].mig.model_extra == {"futureMigField": 7}
 
     # This (older) build changes something unrelated and writes the file back.
     store.update(lambda c: without_claim(with_mig_mode_baseline(c, "GPU-2", True), UID_A))
@@ -236,6 +233,25 @@ def test_fields_from_a_newer_version_verify_load_and_survive_a_rewrite(tmp_path)
     assert written["claims"][UID_B]["devices"][0]["mig"]["futureMigField"] == 7
     assert "futureEnvelopeField" not in doc  # not covered by the checksum, so not trusted
     assert written["migModeBaseline"] == {"GPU-1111": False, "GPU-2": True}
+
+
+def test_a_file_written_by_the_earlier_build_loads_and_is_rewritten_byte_for_byte(tmp_path):
+    # checkpoint_v2.json is sample() as written by the hand-written codec the models replaced.
+    content = (FIXTURES / "checkpoint_v2.json").read_bytes()
+    (tmp_path / "checkpoint.json").write_bytes(content)
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    assert store.load() == sample()
+    assert encode(sample()) == content
+    store.save(store.load())
+    assert (tmp_path / "checkpoint.json").read_bytes() == content
+
+
+def test_snake_case_keys_on_disk_are_unknown_fields_not_the_camel_case_ones(tmp_path):
+    data = json.loads(encode(sample()))["data"]
+    data["claims"][UID_B]["devices"][0]["mig"]["gpu_instance_id"] = 99
+    write_raw(tmp_path, data)
+    mig = CheckpointStore(tmp_path, boot_id="boot-1").load().claims[UID_B].devices[0].mig
+    assert mig.gpu_instance_id == 5 and mig.model_extra == {"gpu_instance_id": 99}
 
 
 def test_version_1_fixture_migrates_to_version_2(tmp_path):
@@ -317,7 +333,8 @@ def test_stale_temp_files_of_crashed_writers_are_removed(tmp_path):
 CRASHER = textwrap.dedent("""
     import json, os, random, signal, sys, time
     from pathlib import Path
-    from gpudra.driver.checkpoint import *
+    from gpudra.driver.checkpoint_model import *
+    from gpudra.driver.checkpoint_store import CheckpointStore
 
     directory, min_rounds = Path(sys.argv[1]), int(sys.argv[2])
 
@@ -325,11 +342,12 @@ CRASHER = textwrap.dedent("""
         claims = {
             f"uid-{j:03d}": ClaimRecord(
                 uid=f"uid-{j:03d}", namespace="ns", name=f"claim-{j}", state=PREPARE_COMPLETED,
-                devices=[PreparedDevice(["gpu"], "node", f"gpu-{j}", [f"k8s/claim=uid-{j}"])],
+                devices=[DeviceRecord(request_names=["gpu"], pool="node", device=f"gpu-{j}",
+                                      cdi_device_ids=[f"k8s/claim=uid-{j}"], kind="gpu")],
                 restore={"generation": generation})
             for j in range(150)
         }
-        return Checkpoint(boot_id="boot", claims=claims, extra={"generation": generation})
+        return Checkpoint(boot_id="boot", claims=claims, generation=generation)
 
     store = CheckpointStore(directory, boot_id="boot")
     store.save(big(0))
@@ -353,8 +371,8 @@ CRASHER = textwrap.dedent("""
         os.waitpid(pid, 0)
         torn += bool(list(directory.glob("checkpoint.json.tmp-*")))
         cp = store.load()  # raises if the kill left a partial file
-        assert len(cp.claims) == 150 and cp.extra["generation"] >= last
-        last = cp.extra["generation"]
+        assert len(cp.claims) == 150 and cp.model_extra["generation"] >= last
+        last = cp.model_extra["generation"]
     print(json.dumps({"rounds": done, "torn": torn, "last": last}))
 """)
 
@@ -370,13 +388,13 @@ def test_sigkill_during_saves_never_leaves_a_partial_file(tmp_path):
     assert outcome["last"] > 0  # writers made progress between kills
     assert outcome["torn"] > 0  # some kills landed mid-save (a temp file was left behind)
     store = CheckpointStore(tmp_path, boot_id="boot")
-    assert store.load().extra["generation"] == outcome["last"]
+    assert store.load().model_extra["generation"] == outcome["last"]
 
 
 CONTENDER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from gpudra.driver.checkpoint import CheckpointStore
+    from gpudra.driver.checkpoint_store import CheckpointStore
 
     directory, rounds = Path(sys.argv[1]), int(sys.argv[2])
     counter, log = directory / "counter", directory / "log"
@@ -412,7 +430,7 @@ def test_two_processes_never_interleave_under_the_lock(tmp_path):
 
 def test_update_is_an_atomic_read_modify_write_across_store_objects(tmp_path):
     def bump(cp):
-        return dataclasses.replace(cp, extra={"n": cp.extra.get("n", 0) + 1})
+        return cp.model_copy(update={"n": (cp.model_extra or {}).get("n", 0) + 1})
 
     def worker():
         store = CheckpointStore(tmp_path, boot_id="b")
@@ -424,7 +442,7 @@ def test_update_is_an_atomic_read_modify_write_across_store_objects(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert CheckpointStore(tmp_path, boot_id="b").load().extra == {"n": 45}
+    assert CheckpointStore(tmp_path, boot_id="b").load().model_extra == {"n": 45}
 
 
 def test_lock_is_reentrant_in_one_thread_and_exclusive_across_threads(tmp_path):

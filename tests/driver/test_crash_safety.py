@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpudra.driver import sim
-from gpudra.driver.checkpoint import CheckpointStore
+from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.faults import CRASH_EXIT_CODE, ENV, POINTS
 from tests.driver.crash_worker import crash_claim
 from tests.driver.node_fixture import DRIVER, start_node

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,21 @@ def node(tmp_path: Path) -> Iterator[SimNode]:
     n = start_node(tmp_path)
     yield n
     n.close()
+    sim.uninstall()
+
+
+@pytest.fixture
+def gated_node(tmp_path: Path) -> Iterator[Callable[..., SimNode]]:
+    """Start a node with feature gates off or other host commands (``start_node``'s options)."""
+    started: list[SimNode] = []
+
+    def start(**options: Any) -> SimNode:
+        started.append(start_node(tmp_path, **options))
+        return started[-1]
+
+    yield start
+    for n in started:
+        n.close()
     sim.uninstall()
 
 
@@ -123,6 +139,26 @@ def test_compute_mode_set_and_restored(node):
     assert node.control.snapshot()["gpus"][2]["compute_mode"] == 0
 
 
+def test_compute_mode_is_refused_when_its_feature_gate_is_off(gated_node):
+    node = gated_node(compute_modes=False)  # feature gate ComputeModeSettings off
+    config = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "MigDeviceConfig", "computeMode": "Prohibited"})
+    before = node.control.snapshot()["gpus"]
+    with pytest.raises(ClaimError) as info:
+        node.state.prepare(claim(UID1, "gpu-0-mig-1g10gb-19-0", configs=(config,)))
+    message = str(info.value)
+    assert message.startswith(f"claim default/claim-{UID1[:8]}:{UID1}: ")
+    assert "computeMode" in message and "feature gate ComputeModeSettings" in message
+    assert node.control.snapshot()["gpus"] == before  # no MIG device, no mode change
+    assert list(node.cdi_root.glob("*")) == []
+    assert node.state.prepared(UID1) is None
+    # Sharing still sets the mode it needs: only an explicit computeMode is gated.
+    sliced = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}})
+    node.state.prepare(claim(UID2, "gpu-5", configs=(sliced,)))
+    node.state.unprepare(UID2)
+
+
 def test_gpu_config_for_a_mig_device_is_refused(node):
     config = OpaqueConfig(requests=("gpu",), parameters={"apiVersion": GV, "kind": "GpuConfig"})
     with pytest.raises(ClaimError, match="is a GpuConfig but request 'gpu' got mig device"):
@@ -174,7 +210,7 @@ def test_time_slicing_is_set_and_reset(node):
     node.state.prepare(claim(UID1, "gpu-5", configs=(config,)))
     uuid = next(str(d.attributes["uuid"]) for d in node.state.index.devices.devices
                 if d.name == "gpu-5")
-    runner = node.state.commands
+    runner = node.state.hardware.commands
     assert runner is not None
     assert runner.time_slices()[uuid] == 3
     node.state.unprepare(UID1)
@@ -183,7 +219,7 @@ def test_time_slicing_is_set_and_reset(node):
 
 def test_no_config_touches_nothing(node):
     node.state.prepare(claim(UID1, "gpu-5"))
-    assert node.state.commands.time_slices() == {}
+    assert node.state.hardware.commands.time_slices() == {}
     assert node.control.snapshot()["gpus"][5]["compute_mode"] == 0
 
 
@@ -245,8 +281,8 @@ def test_invalid_configs_change_nothing_on_the_gpu(node):
         assert list(node.cdi_root.glob("*")) == [], case
 
 
-def test_refused_mps_changes_nothing(node):
-    node.state.mps = None  # feature gate MPSSupport off
+def test_refused_mps_changes_nothing(gated_node):
+    node = gated_node(mps=False)  # feature gate MPSSupport off
     config = OpaqueConfig(requests=(), parameters={
         "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}})
     before = node.control.snapshot()["gpus"]
@@ -255,14 +291,24 @@ def test_refused_mps_changes_nothing(node):
     assert node.control.snapshot()["gpus"] == before
 
 
-def test_settings_applied_before_a_failure_are_restored(node):
+def test_refused_time_slicing_changes_nothing(gated_node):
+    node = gated_node(time_slicing=False)  # feature gate TimeSlicingSettings off
+    config = OpaqueConfig(requests=(), parameters={
+        "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}})
+    before = node.control.snapshot()["gpus"]
+    with pytest.raises(ClaimError, match="time-slicing, which is not enabled"):
+        node.state.prepare(claim(UID1, "gpu-5", configs=(config,)))
+    assert node.control.snapshot()["gpus"] == before
+
+
+def test_settings_applied_before_a_failure_are_restored(gated_node):
     from gpudra.driver.commands import CommandError
 
     class Failing:
         def run(self, argv, *, env=None, stdin=None):
             raise CommandError(f"{argv[0]}: simulated failure")
 
-    node.state.commands = Failing()
+    node = gated_node(commands=Failing())
     exclusive = OpaqueConfig(requests=("a",), parameters={
         "apiVersion": GV, "kind": "GpuConfig", "computeMode": "ExclusiveProcess"})
     sliced = OpaqueConfig(requests=("b",), parameters={
@@ -296,3 +342,10 @@ def test_one_failing_claim_in_a_call_keeps_the_others(node):
     assert not isinstance(results[UID1], ClaimError)
     assert node.state.prepared(UID1) is not None  # checkpointed despite the other's failure
     node.control.set_gpu_lost(1, False)
+
+
+def test_a_subrequest_is_answered_as_allocated_and_stripped_only_at_the_wire(node):
+    # The kubelet's gRPC layer (dra_service.base_request_names) turns "gpu/big" into "gpu".
+    (device,) = node.state.prepare(claim(UID1, "gpu-4", request="gpu/big"))
+    assert device.request_names == ("gpu/big",)
+    assert node.state.prepared(UID1) == (device,)

@@ -306,6 +306,36 @@ def test_mig_device_handles(simulate):
         pynvml.nvmlDeviceGetGpuInstanceId(handle)  # a full GPU is no MIG device
 
 
+SHARED_ENGINES = ("sharedCopyEngineCount", "sharedDecoderCount", "sharedEncoderCount",
+                  "sharedJpegCount", "sharedOfaCount")
+
+
+def engines_of_gi_profile(info):
+    return info.copyEngineCount, info.decoderCount, info.encoderCount, info.jpegCount, info.ofaCount
+
+
+def shared_engines(info):
+    return tuple(getattr(info, name) for name in SHARED_ENGINES)
+
+
+def test_devices_and_compute_instances_share_their_gpu_instance_engines(simulate):
+    simulate("dgx-a100")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    full = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle,
+                                                      pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+    # A full GPU reports the engines of its full-size MIG profile.
+    assert shared_engines(pynvml.nvmlDeviceGetAttributes(handle)) == engines_of_gi_profile(full)
+    assert engines_of_gi_profile(full)[:2] != (0, 0)
+    pynvml.nvmlDeviceSetMigMode(handle, ENABLE)
+    two = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle,
+                                                     pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE)
+    gi = create(handle, two.id, 2, 2)
+    ci_profile = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 0, 0)  # 1c.2g
+    mig = pynvml.nvmlComputeInstanceGetInfo(pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0))
+    assert shared_engines(ci_profile) == engines_of_gi_profile(two)
+    assert shared_engines(pynvml.nvmlDeviceGetAttributes(mig.device)) == engines_of_gi_profile(two)
+
+
 def test_teardown_order_and_in_use(simulate, sim_state):
     simulate("dgx-h100")
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +18,21 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nvidia.com"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of a GET to the daemon's probe server; OSError while it is not up."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:
@@ -69,8 +87,9 @@ class Daemon:
             "--log-format", "json", *self.extra_args,
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
-        if "GPUDRA_CRASH_AT" not in self.env:
-            env.pop("GPUDRA_CRASH_AT", None)
+        for hook in ("GPUDRA_CRASH_AT", "GPUDRA_DELAY_AT", "GPUDRA_FAIL_AT"):
+            if hook not in self.env:
+                env.pop(hook, None)
         # A file, not a pipe: nobody reads a pipe while the daemon runs, and a full pipe
         # would block the daemon's logging (and so the daemon) after ~64 KiB.
         with self.log_path.open("a") as out:

@@ -213,3 +213,22 @@ def test_sigterm_while_discovering_devices_is_honoured(daemon):
     assert daemon.stop() == 0
     assert time.monotonic() - started < 4  # did not wait for the 5 s discovery
     assert daemon.sockets() == []
+
+
+async def test_feature_gates_reach_the_device_state(fake_api):
+    """--feature-gates → NodeConfig → DeviceState: an explicit computeMode is refused."""
+    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+    daemon = Daemon(fake_api.url, extra_args=["--feature-gates", "ComputeModeSettings=false"])
+    try:
+        daemon.start()
+        mode = create_claim(fake_api, "mode", devices=["gpu-0"], configs=[
+            {"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": GV, "kind": "GpuConfig", "computeMode": "ExclusiveProcess"}}}])
+        plain = create_claim(fake_api, "plain", devices=["gpu-1"])
+        async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+            response = await kubelet.prepare([mode, plain])
+        assert "feature gate ComputeModeSettings" in response[mode.uid]["error"]
+        assert response[plain.uid]["error"] == ""
+    finally:
+        assert daemon.stop() == 0
+        shutil.rmtree(daemon.base, ignore_errors=True)

@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import time
-import urllib.error
-import urllib.request
 
 from gpudra.api.claims import ClaimRef
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import Daemon, claim_object
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+from tests.integration.daemon import Daemon, claim_object, free_port
+from tests.integration.daemon import http_get as get
 
 
 def metric(text: str, name: str) -> float:
@@ -49,16 +33,18 @@ async def test_probes_and_metrics(fake_api: FakeApiServer):
                 break
             except OSError:
                 await asyncio.sleep(0.05)
-        assert get(port, "/healthz")[0] == 200
+        assert get(port, "/healthz") == (200, "ok\n")
         # slices may be published, but the kubelet has not registered us yet
-        assert get(port, "/readyz")[0] == 503
+        status, body = get(port, "/readyz")
+        assert status == 503
+        assert "not registered with the kubelet yet\n" in body  # says why, line by line
         async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 if get(port, "/readyz")[0] == 200:
                     break
                 await asyncio.sleep(0.05)
-            assert get(port, "/readyz")[0] == 200
+            assert get(port, "/readyz") == (200, "ok\n")
             before = get(port, "/metrics")[1]
             stored = fake_api.put(claim_object("m", devices=["gpu-0-mig-1g10gb-19-0"]))
             meta = stored["metadata"]

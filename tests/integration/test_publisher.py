@@ -159,6 +159,24 @@ def publisher(client: aio_k8s.ApiClient, **kwargs: Any) -> SlicePublisher:
     return SlicePublisher(client, driver=DRIVER, node_name=NODE, **kwargs)
 
 
+def fast_publisher(client: aio_k8s.ApiClient, devices: NodeDevices,
+                   **kwargs: Any) -> SlicePublisher:
+    """A publisher with short back-off and resync delays, already given ``devices``."""
+    pub = publisher(client, backoff=fast_backoff(), **FAST, **kwargs)
+    pub.update(devices)
+    return pub
+
+
+@pytest.fixture
+def pub(gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient) -> SlicePublisher:
+    """The publisher most tests run: the 8 full GPUs, short back-off and resync delays.
+
+    It talks to the API server only once a test runs it, so faults set up in the test body
+    are in place before its first request.
+    """
+    return fast_publisher(aio_k8s_client, gpus)
+
+
 # --- cold start -----------------------------------------------------------------------------
 
 
@@ -198,11 +216,7 @@ async def test_cold_start_publishes_a_complete_valid_pool_owned_by_the_node(
 
 
 async def test_the_node_is_waited_for_when_it_does_not_exist_yet(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient,
-        fake_api: FakeApiServer) -> None:
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
-
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer) -> None:
     async with running(pub):
         await asyncio.sleep(0.5)
         assert stored(fake_api) == [] and fake_api.calls["get", "nodes"] >= 2
@@ -329,12 +343,9 @@ async def test_a_steady_state_costs_no_writes_for_a_minute(
 
 
 async def test_server_errors_are_retried_until_the_pool_is_complete(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
     fake_api.fail_next(4, 500, verb="create")
     fake_api.fail_next(2, 503, verb="get", resource="nodes", retry_after=None)
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
 
     with structlog.testing.capture_logs() as logs:
         async with running(pub):
@@ -351,11 +362,8 @@ async def test_server_errors_are_retried_until_the_pool_is_complete(
 
 
 async def test_429_waits_at_least_its_retry_after(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
     fake_api.fail_next(1, 429, verb="create", retry_after=1)
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
 
     async with running(pub):
         took = await eventually(lambda: pool_matches(fake_api, gpus, node_uid))
@@ -365,11 +373,7 @@ async def test_429_waits_at_least_its_retry_after(
 
 
 async def test_conflicts_on_update_are_reread_and_retried(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
-
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
         fake_api.reset_calls()
@@ -383,11 +387,7 @@ async def test_conflicts_on_update_are_reread_and_retried(
 
 
 async def test_a_real_conflict_with_another_writer_converges(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
-
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
         name = "node-1-gpu.nvidia.com-gpu-2"
@@ -408,8 +408,7 @@ async def test_answers_slower_than_the_request_timeout_are_retried(
         node_uid: str) -> None:
     # The server still creates the slices after we gave up: a retry may meet 409 AlreadyExists.
     fake_api.delay(1.0, verb="create", count=2)
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), request_timeout=0.3, **FAST)
-    pub.update(gpus)
+    pub = fast_publisher(aio_k8s_client, gpus, request_timeout=0.3)
 
     with structlog.testing.capture_logs() as logs:
         async with running(pub):
@@ -422,23 +421,17 @@ async def test_answers_slower_than_the_request_timeout_are_retried(
 
 
 async def test_dropped_connections_are_retried(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
     fake_api.drop_next(3, verb="create")
     fake_api.drop_next(1, verb="list")
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
 
     async with running(pub):
         await eventually(lambda: pool_matches(fake_api, gpus, node_uid))
 
 
 async def test_closed_watches_are_resumed_without_missing_events(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
-
+        gpus: NodeDevices, pub: SlicePublisher, aio_k8s_client: aio_k8s.ApiClient,
+        fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
         for failures in (0, 2):
@@ -456,11 +449,8 @@ async def test_closed_watches_are_resumed_without_missing_events(
 
 
 async def test_an_expired_watch_lists_again(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
-
+        gpus: NodeDevices, pub: SlicePublisher, aio_k8s_client: aio_k8s.ApiClient,
+        fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
         fake_api.expire_watches()
@@ -487,8 +477,7 @@ async def test_a_restarted_server_is_caught_up_with(
     try:
         uid = server.put(node_object(NODE))["metadata"]["uid"]
         async with aio_k8s.ApiClient(server.aio_configuration()) as client:
-            pub = publisher(client, backoff=fast_backoff(), **FAST)
-            pub.update(gpus)
+            pub = fast_publisher(client, gpus)
             async with running(pub):
                 await asyncio.wait_for(pub.synced.wait(), 5)
 
@@ -601,11 +590,7 @@ async def test_fields_the_server_drops_are_adopted_not_rewritten_forever(
 
 
 async def test_deleting_the_node_garbage_collects_the_slices_for_good(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
-        node_uid: str) -> None:
-    pub = publisher(aio_k8s_client, backoff=fast_backoff(), **FAST)
-    pub.update(gpus)
-
+        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
         fake_api.delete("Node", NODE)

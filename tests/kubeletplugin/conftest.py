@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.api.claims import ClaimRef
-from gpudra.kubeletplugin.interfaces import PreparedDeviceResult, PrepareOutcome
+from gpudra.api.claims import ClaimRef, PreparedDevice
+from gpudra.kubeletplugin.interfaces import PrepareOutcome
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 
@@ -39,8 +39,8 @@ def claim(n: int) -> ClaimRef:
     return ClaimRef(namespace="ns", name=f"claim-{n}", uid=f"uid-{n}")
 
 
-def gpu(n: int, *requests: str, share_id: str | None = None) -> PreparedDeviceResult:
-    return PreparedDeviceResult(
+def gpu(n: int, *requests: str, share_id: str | None = None) -> PreparedDevice:
+    return PreparedDevice(
         request_names=requests or ("gpu",),
         pool="node-a",
         device=f"gpu-{n}",

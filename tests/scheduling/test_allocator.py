@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from gpudra.controller.api_limits import ALLOCATION_RESULTS_MAX_SIZE
 from gpudra.controller.slices import build_slices
 from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.nvml import GpuProbe, MigMode
-from gpudra.scheduling.allocator import MAX_RESULTS, Allocator, allocate
+from gpudra.scheduling.allocator import Allocator, allocate
 from gpudra.scheduling.explain import default_device_classes
 from tests.driver import mig_tables
 
@@ -263,7 +264,8 @@ def test_all_mode_fails_with_an_error_on_an_incomplete_pool():
 
 def test_at_most_32_devices_per_claim():
     slices = h100_node(gpus=8)
-    too_many = allocate(slices, CLASSES, [], claim(exactly("m", count=MAX_RESULTS + 1)), "node-a")
+    request = exactly("m", count=ALLOCATION_RESULTS_MAX_SIZE + 1)
+    too_many = allocate(slices, CLASSES, [], claim(request), "node-a")
     assert too_many.error == "claim default/c: number of requested devices 33 exceeds the claim " \
                              "limit of 32"
     # with subrequests only the search finds out; a smaller alternative still works

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpudra.scheduling.cel import MAX_EXPRESSION_LENGTH, CelCompileError, compile_selector
+from gpudra.controller.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
+from gpudra.scheduling.cel import CelCompileError, compile_selector
 from gpudra.scheduling.cel.checks import Footprint
 
 A = "device.attributes['gpu.nvidia.com']"
@@ -37,7 +38,7 @@ def test_rejected_like_the_apiserver(expression, message, column):
 
 
 def test_expression_length_limit():
-    padding = " " * (MAX_EXPRESSION_LENGTH - len("true"))
+    padding = " " * (CEL_SELECTOR_EXPRESSION_MAX_LENGTH - len("true"))
     compile_selector(padding + "true")
     with pytest.raises(CelCompileError, match="too long"):
         compile_selector(padding + " true")

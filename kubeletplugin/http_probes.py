@@ -2,23 +2,25 @@
 
 Served from a thread, not the event loop, so ``/healthz`` can tell when the loop is stuck:
 it calls the daemon's own registration ``GetInfo`` over its unix socket, which only answers
-when the gRPC server (on the loop) does.
+when the gRPC server (on the loop) does. A failing probe answers 503 with one line per
+problem, so ``kubectl describe`` and ``curl`` say what is wrong.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-Check = Callable[[], bool]
+Check = Callable[[], Sequence[str]]
+"""What is wrong, one line each; empty when all is well."""
 
 
 class ProbeServer:
-    def __init__(self, address: str, *, live: Check, ready: Check) -> None:
-        host, _, port = address.rpartition(":")
+    def __init__(self, address: tuple[str, int], *, live: Check, ready: Check) -> None:
+        host, port = address
         self._live = live
         self._ready = ready
         probes = self
@@ -30,7 +32,7 @@ class ProbeServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the daemon's own log
 
-        self._server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        self._server = ThreadingHTTPServer((host or "0.0.0.0", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="http-probes",
                                         daemon=True)
@@ -60,11 +62,11 @@ class ProbeServer:
 
     def _check(self, request: BaseHTTPRequestHandler, check: Check) -> None:
         try:
-            ok = check()
+            problems = list(check())
         except Exception as exc:  # a failing probe must answer, not kill the thread
-            self._send(request, 503, f"error: {exc}\n".encode(), "text/plain")
-            return
-        self._send(request, 200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
+            problems = [f"error: {exc}"]
+        body = "".join(f"{line}\n" for line in problems) if problems else "ok\n"
+        self._send(request, 503 if problems else 200, body.encode(), "text/plain")
 
     @staticmethod
     def _send(request: BaseHTTPRequestHandler, status: int, body: bytes, kind: str) -> None:

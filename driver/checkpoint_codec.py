@@ -1,0 +1,185 @@
+"""The checkpoint file format: bytes ↔ :class:`~gpudra.driver.checkpoint_model.Checkpoint`.
+
+One JSON document::
+
+    {"kind": "GpudraCheckpoint", "version": 2, "checksum": "sha256:<hex>", "data": {...}}
+
+Rules that keep upgrades and downgrades safe (NVIDIA's driver crash-looped on upgrade
+because it checksummed a re-marshalled typed model, issue #1080):
+
+- the checksum covers the canonical JSON of ``data`` exactly as read from disk, so fields
+  added by a newer build still verify here;
+- unknown fields are kept in each record and written back (the models allow extras), so a
+  downgrade → upgrade round trip loses nothing;
+- ``version`` changes only for an incompatible layout; adding a field never bumps it.
+  Version 1 (the pre-two-phase layout) is migrated on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpudra.driver.checkpoint_model import PREPARE_COMPLETED, Checkpoint
+from gpudra.driver.mig import parse_device_name
+
+KIND = "GpudraCheckpoint"
+VERSION = 2
+
+
+class CheckpointError(Exception):
+    """Base of the checkpoint errors."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """The file cannot be trusted: unparsable, wrong shape, or checksum mismatch."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"checkpoint {path} is corrupt: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class CheckpointVersionUnsupported(CheckpointError):
+    """Written by a newer gpudra with an incompatible layout.
+
+    Deliberately not ``CheckpointCorrupt``: quarantining a newer build's valid state and
+    starting empty would let startup reconciliation destroy MIG devices in use.
+    """
+
+    def __init__(self, path: Path, version: object) -> None:
+        super().__init__(
+            f"checkpoint {path} has version {version!r}; this gpudra reads versions 1..{VERSION}."
+            " It was written by a newer gpudra: roll forward, or move the file aside to start empty"
+        )
+        self.path = path
+        self.version = version
+
+
+def checksum(data: object) -> str:
+    """``sha256:<hex>`` of the canonical JSON of a raw (already parsed) JSON value."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def encode(cp: Checkpoint) -> bytes:
+    # Checksum what a reader will parse, not an in-memory dict: integer keys become
+    # strings on disk and would then sort differently.
+    data = json.loads(cp.model_dump_json())
+    doc = {"kind": KIND, "version": VERSION, "checksum": checksum(data), "data": data}
+    # Compact: json's C encoder does not do indentation, and saves sit on the prepare path.
+    return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+
+
+def decode(content: bytes, *, path: Path, boot_id: str) -> tuple[Checkpoint, int]:
+    """Parse and verify a checkpoint file; returns it with the version it was written in.
+
+    ``boot_id`` is only used to fill in version 1 files, which did not record one.
+    """
+    try:
+        doc = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointCorrupt(path, f"not valid JSON ({err})") from err
+    if not isinstance(doc, dict):
+        raise CheckpointCorrupt(path, "top level is not a JSON object")
+    version = doc.get("version")
+    if version == VERSION:
+        return _decode_v2(doc, path), VERSION
+    if version == 1:
+        return _decode_v1(doc, path, boot_id), 1
+    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+        raise CheckpointVersionUnsupported(path, version)
+    raise CheckpointCorrupt(path, f"unknown version {version!r}")
+
+
+def _verify(path: Path, stated: object, data: object) -> None:
+    actual = checksum(data)
+    if stated != actual:
+        raise CheckpointCorrupt(
+            path, f"checksum mismatch: file says {stated!r}, content is {actual}"
+        )
+
+
+def _decode_v2(doc: dict[str, Any], path: Path) -> Checkpoint:
+    # Envelope keys other than these are ignored: they are outside the checksum.
+    if doc.get("kind") != KIND:
+        raise CheckpointCorrupt(path, f"kind is {doc.get('kind')!r}, expected {KIND!r}")
+    if "data" not in doc:
+        raise CheckpointCorrupt(path, "no 'data' object")
+    _verify(path, doc.get("checksum"), doc["data"])
+    return _validate(path, doc["data"], "data")
+
+
+def _decode_v1(doc: dict[str, Any], path: Path, boot_id: str) -> Checkpoint:
+    """Version 1: completed claims only, no boot id, no hardware details.
+
+    ``{"version": 1, "checksum": "sha256:<canonical JSON of the document without
+    'checksum'>", "preparedClaims": {uid: {"namespace", "name", "devices": [{"pool",
+    "device", "cdiDeviceIds", "requestNames"}]}}}``. It predates dynamic MIG, so MIG
+    devices carry no ``MigRecord`` (gpudra did not create them and will not destroy them).
+    It recorded no boot id; like NVIDIA's legacy migration, the current one is assumed.
+    The version 2 data is built from it as raw JSON, so the same models check its shape
+    and keep its unknown fields.
+    """
+    _verify(path, doc.get("checksum"), {k: v for k, v in doc.items() if k != "checksum"})
+    claims = doc.get("preparedClaims", {})
+    if not isinstance(claims, dict):
+        raise CheckpointCorrupt(path, "preparedClaims: expected an object")
+    data: dict[str, Any] = {"nodeBootId": boot_id, "claims": {
+        uid: _v1_claim(raw) for uid, raw in claims.items()}}
+    return _validate(path, data, "preparedClaims", v1=True)
+
+
+def _v1_claim(raw: object) -> object:
+    if not isinstance(raw, dict) or not isinstance(raw.get("devices"), list):
+        return raw  # left for the model to name what is wrong
+    devices = [
+        {**device, "kind": "mig" if parse_device_name(str(device.get("device"))) else "gpu"}
+        if isinstance(device, dict) else device
+        for device in raw["devices"]
+    ]
+    return {**raw, "state": PREPARE_COMPLETED, "devices": devices}
+
+
+def _validate(path: Path, data: object, where: str, *, v1: bool = False) -> Checkpoint:
+    try:
+        # By the on-disk names only: a snake_case key is somebody else's unknown field.
+        return Checkpoint.model_validate(data, by_alias=True, by_name=False)
+    except ValidationError as err:
+        raise CheckpointCorrupt(path, _problems(err, where, v1=v1)) from err
+
+
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "bool_type": "a boolean",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+
+def _problems(err: ValidationError, where: str, *, v1: bool) -> str:
+    """``data.claims.<uid>.devices[0].kind: expected ...`` for each problem."""
+    problems = []
+    for error in err.errors(include_url=False):
+        loc = list(error["loc"])
+        if v1 and loc[:1] == ["claims"]:
+            loc = loc[1:]  # v1 claims sit at the top, under ``preparedClaims``
+        path = where + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                               for part in loc)
+        value = error.get("input")
+        if error["type"] == "missing":
+            message = "missing"
+        elif error["type"] in _EXPECTED:
+            message = f"expected {_EXPECTED[error['type']]}, got {type(value).__name__}"
+        else:
+            message = f"{error['msg']}, got {value!r}"
+        problems.append(f"{path}: {message}")
+    return "; ".join(problems)
+

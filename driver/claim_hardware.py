@@ -1,0 +1,384 @@
+"""What preparing a claim does to a GPU, and how it is undone from the checkpoint alone.
+
+MIG devices created at the scheduler's placement, compute modes, time slices and MPS
+daemons. Every change is written into the claim record's ``restore`` (or its devices)
+before or as it happens, so :meth:`ClaimHardware.undo` can put the GPU back after an
+error, at unprepare, or after a crash. Locks and checkpoint phases are the caller's
+(:class:`gpudra.driver.device_state.DeviceState`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from gpudra.api.configs import TIME_SLICE_VALUES, GpuConfig, MigDeviceConfig, MpsConfig
+from gpudra.driver import metrics
+from gpudra.driver.checkpoint_model import (
+    Checkpoint,
+    ClaimRecord,
+    DeviceRecord,
+    MigRecord,
+    with_mig_mode_baseline,
+)
+from gpudra.driver.claims import ClaimError, ClaimToPrepare
+from gpudra.driver.commands import CommandError, CommandRunner, set_time_slice
+from gpudra.driver.faults import crash_point
+from gpudra.driver.mps import MpsManager
+from gpudra.driver.nvml import (
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    COMPUTE_MODE_PROHIBITED,
+    MigInstance,
+    Nvml,
+    NvmlError,
+)
+from gpudra.driver.prepare_plan import (
+    DeviceStep,
+    DynamicMigTarget,
+    GpuTarget,
+    PreparePlan,
+    StaticMigTarget,
+)
+
+log = structlog.get_logger(__name__)
+
+COMPUTE_MODES = {
+    "Default": COMPUTE_MODE_DEFAULT,
+    "ExclusiveProcess": COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    "Prohibited": COMPUTE_MODE_PROHIBITED,
+}
+
+
+def touches_hardware(plan: PreparePlan) -> bool:
+    """Whether preparing changes anything on a GPU (MIG devices, modes, daemons)."""
+    return any(isinstance(s.target, DynamicMigTarget)
+               or (s.config is not None and not s.allocated.admin_access) for s in plan.steps)
+
+
+def planned_device(step: DeviceStep) -> DeviceRecord:
+    """The record of a device about to be prepared: what it is, before anything exists."""
+    target = step.target
+    mig: MigRecord | None = None
+    uuid: str | None = None
+    parent: str | None = None
+    if isinstance(target, GpuTarget):
+        uuid = target.uuid
+    elif isinstance(target, StaticMigTarget):
+        uuid, parent = target.uuid, target.parent_uuid
+        mig = MigRecord(parent_uuid=target.parent_uuid,
+                        gpu_instance_id=target.gpu_instance_id,
+                        compute_instance_id=target.compute_instance_id,
+                        profile_id=-1, placement_start=-1, placement_size=-1,
+                        mig_uuid=target.uuid, created=False)
+    else:
+        parent = target.parent_uuid
+        # Intent only: ids of -1 until the instance exists. Recovery finds it by placement.
+        mig = MigRecord(parent_uuid=target.parent_uuid, gpu_instance_id=-1,
+                        compute_instance_id=-1, profile_id=target.profile.profile_id,
+                        placement_start=target.placement.start,
+                        placement_size=target.placement.size, mig_uuid=None, created=True)
+    return DeviceRecord(
+        # As allocated (``req/sub`` included): the kubelet's wire layer strips subrequests.
+        request_names=[step.allocated.request], pool=step.allocated.pool,
+        device=step.allocated.device, cdi_device_ids=[], share_id=step.allocated.share_id,
+        kind="gpu" if isinstance(target, GpuTarget) else "mig", uuid=uuid,
+        parent_uuid=parent, mig=mig, admin_access=step.allocated.admin_access,
+    )
+
+
+def _nvml_message(claim: ClaimToPrepare, step: DeviceStep, exc: NvmlError) -> str:
+    device = step.allocated.device
+    if exc.is_insufficient_resources and isinstance(step.target, DynamicMigTarget):
+        t = step.target
+        return (f"claim {claim.ref}: cannot create {t.profile.name} at placement "
+                f"{t.placement.start}:{t.placement.size} on GPU {t.parent_uuid} for device "
+                f"{device!r}: the placement is taken by a MIG device the scheduler does not "
+                "know about (NVML: insufficient resources)")
+    return f"claim {claim.ref}: device {device!r}: {exc}"
+
+
+class ClaimHardware:
+    """Applies and undoes claims' hardware changes through NVML and the host commands.
+
+    A feature left off is refused in :meth:`preflight`: ``commands=None`` (time-slicing,
+    gate ``TimeSlicingSettings``), ``mps=None`` (gate ``MPSSupport``),
+    ``compute_modes=False`` (an explicit ``computeMode``, gate ``ComputeModeSettings``).
+    """
+
+    def __init__(
+        self,
+        *,
+        nvml: Nvml,
+        commands: CommandRunner | None,
+        mps: MpsManager | None,
+        compute_modes: bool,
+    ) -> None:
+        self.nvml = nvml
+        self.commands = commands
+        self.mps = mps
+        self.compute_modes = compute_modes
+
+    # --- prepare ---------------------------------------------------------------------------
+
+    def preflight(self, plan: PreparePlan) -> None:
+        """Everything about a claim that can be refused without touching anything."""
+        claim = plan.claim
+        mps_configs = []
+        for step in plan.steps:
+            config = step.config
+            if config is None or step.allocated.admin_access:
+                continue
+            device = step.allocated.device
+            if config.compute_mode is not None and not self.compute_modes:
+                raise ClaimError(f"claim {claim.ref}: device {device!r}: its config sets "
+                                 f"computeMode {config.compute_mode}, which is not enabled on "
+                                 "this node (feature gate ComputeModeSettings)")
+            if config.sharing is None:
+                continue
+            if config.sharing.strategy == "MPS":
+                if self.mps is None:
+                    raise ClaimError(f"claim {claim.ref}: device {device!r} asks for MPS, which "
+                                     "is not enabled on this node (feature gate MPSSupport)")
+                mps_configs.append(config.sharing.mps_config)
+            elif isinstance(config, GpuConfig) and self.commands is None:
+                raise ClaimError(f"claim {claim.ref}: device {device!r} asks for "
+                                 "time-slicing, which is not enabled on this node (feature gate "
+                                 "TimeSlicingSettings)")
+        if len({repr(c) for c in mps_configs}) > 1:
+            raise ClaimError(f"claim {claim.ref}: all MPS devices of one claim share one MPS "
+                             "daemon and must have the same mpsConfig")
+
+    def record_mig_state(
+        self, plan: PreparePlan, cp: Checkpoint
+    ) -> tuple[Checkpoint, dict[str, Any]]:
+        """Before a claim starts: each partitioned GPU's MIG mode (the baseline to restore)
+        and the MIG devices already on it (never ours: crash recovery must not destroy
+        them), as the checkpoint and the claim's initial ``restore``."""
+        restore: dict[str, Any] = {}
+        for step in plan.steps:
+            if isinstance(step.target, DynamicMigTarget):
+                parent = step.target.parent_uuid
+                if parent in restore.get("preexistingMig", {}):
+                    continue  # a second partition of the same GPU: already looked at
+                mode = self.nvml.mig_mode(parent)
+                cp = with_mig_mode_baseline(cp, parent, bool(mode and mode.current))
+                restore.setdefault("preexistingMig", {})[parent] = sorted(
+                    i.gpu_instance_id for i in self.safe_instances(parent))
+        return cp, restore
+
+    def apply(
+        self, plan: PreparePlan, progress: list[ClaimRecord],
+        persist: Callable[[ClaimRecord], None],
+    ) -> ClaimRecord:
+        """Create MIG devices and apply settings, persisting each irreversible step.
+
+        ``progress[-1]`` always holds what has really been done, so a caller that catches
+        an exception undoes exactly that.
+        """
+        record = progress[-1]
+        devices = list(record.devices)
+        restore: dict[str, Any] = dict(record.restore)
+        # MIG intents stay `created` with ids -1 until the device exists: undo (now or after
+        # a crash) then looks them up by placement, skipping devices that predate the claim
+        # (restore["preexistingMig"]), so a placement held by someone else is never touched.
+        for i, step in enumerate(plan.steps):
+            if isinstance(step.target, DynamicMigTarget):
+                try:
+                    instance = self._create_mig(plan.claim, step.target)
+                except NvmlError as exc:  # named here, where we know which device failed
+                    raise ClaimError(_nvml_message(plan.claim, step, exc)) from exc
+                crash_point("prepare:after-mig-create")
+                intent = devices[i].mig
+                assert intent is not None
+                created = intent.model_copy(update={
+                    "gpu_instance_id": instance.gpu_instance_id,
+                    "compute_instance_id": instance.compute_instance_id,
+                    "mig_uuid": instance.uuid})
+                devices[i] = devices[i].model_copy(update={"uuid": instance.uuid, "mig": created})
+                record = record.model_copy(update={"devices": list(devices)})
+                progress.append(record)
+                persist(record)
+                crash_point("prepare:after-mig-recorded")
+        mps_uuids: list[str] = []
+        mps_config: MpsConfig | None = None
+        for i, step in enumerate(plan.steps):
+            if step.allocated.admin_access or step.config is None:
+                continue  # nothing asked: touch nothing (no implicit time-slicing)
+            try:
+                restore = self._apply_settings(plan.claim, step, devices[i], restore)
+            except NvmlError as exc:
+                raise ClaimError(_nvml_message(plan.claim, step, exc)) from exc
+            finally:  # settings applied before a failure must be restored too
+                record = record.model_copy(
+                    update={"devices": list(devices), "restore": dict(restore)})
+                progress.append(record)
+            persist(record)
+            sharing = step.config.sharing
+            if sharing is not None and sharing.strategy == "MPS":
+                mps_uuids.append(str(devices[i].uuid))
+                mps_config = sharing.mps_config or mps_config
+        if mps_uuids:
+            assert self.mps is not None  # refused in preflight otherwise
+            # Record before starting, so a crash mid-start is rolled back (daemon stopped).
+            restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids}
+            record = record.model_copy(update={"devices": list(devices), "restore": dict(restore)})
+            progress.append(record)
+            persist(record)
+            self.mps.start(plan.claim.uid, mps_uuids, mps_config)
+        crash_point("prepare:after-settings")
+        return record.model_copy(update={"devices": devices, "restore": restore})
+
+    def _create_mig(self, claim: ClaimToPrepare, target: DynamicMigTarget) -> MigInstance:
+        mode = self.nvml.mig_mode(target.parent_uuid)
+        if mode is None:
+            raise ClaimError(f"claim {claim.ref}: GPU {target.parent_uuid} cannot do MIG")
+        if not mode.current:
+            if not target.reset_less_toggle and self.nvml.running_processes(target.parent_uuid):
+                raise ClaimError(
+                    f"claim {claim.ref}: MIG mode is off on GPU {target.parent_uuid} and processes "
+                    "are running on it; Ampere GPUs can only switch MIG mode when idle")
+            self.nvml.set_mig_mode(target.parent_uuid, True)
+            log.info("enabled MIG mode", gpu=target.parent_uuid, claim=claim.ref)
+        started = time.perf_counter()
+        try:
+            instance = self.nvml.create_mig_device(target.parent_uuid, target.profile,
+                                                   target.placement)
+        except NvmlError:
+            metrics.MIG_OPERATIONS.labels("create", "error").inc()
+            raise
+        metrics.MIG_OPERATIONS.labels("create", "ok").inc()
+        metrics.MIG_OPERATION_SECONDS.labels("create").observe(time.perf_counter() - started)
+        log.info("created MIG device", claim=claim.ref, gpu=target.parent_uuid,
+                 profile=target.profile.name, placement=target.placement.start, uuid=instance.uuid)
+        return instance
+
+    def _apply_settings(
+        self, claim: ClaimToPrepare, step: DeviceStep, device: DeviceRecord,
+        restore: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Compute mode and time slice for one device; remembers what to put back."""
+        config = step.config
+        assert isinstance(config, GpuConfig | MigDeviceConfig)
+        uuid = device.uuid
+        assert uuid is not None
+        sharing = config.sharing
+        mode_name = config.compute_mode
+        if sharing is not None and sharing.strategy == "MPS":
+            mode_name = "ExclusiveProcess"  # MPS clients share one context per GPU
+        elif sharing is not None and sharing.strategy == "TimeSlicing":
+            mode_name = mode_name or "Default"
+        if mode_name is not None:
+            previous = self.nvml.compute_mode(uuid)
+            restore.setdefault("computeMode", {}).setdefault(uuid, previous)
+            self.nvml.set_compute_mode(uuid, COMPUTE_MODES[mode_name])
+        if isinstance(config, GpuConfig) and config.sharing is not None \
+                and config.sharing.strategy == "TimeSlicing":
+            interval = "Default"
+            if config.sharing.time_slicing_config is not None:
+                interval = config.sharing.time_slicing_config.interval
+            assert self.commands is not None  # refused in preflight otherwise
+            restore.setdefault("timeSlice", {}).setdefault(uuid, TIME_SLICE_VALUES["Default"])
+            try:
+                set_time_slice(self.commands, uuid, TIME_SLICE_VALUES[interval])
+            except CommandError as exc:
+                raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r}: setting "
+                                 f"time slice {interval} failed: {exc}") from exc
+        return restore
+
+    # --- undo ------------------------------------------------------------------------------
+
+    def undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
+        """Restore settings and destroy the MIG devices we created (the CDI spec is the
+        caller's)."""
+        for uuid, mode in (record.restore.get("computeMode") or {}).items():
+            try:
+                self.nvml.set_compute_mode(uuid, int(mode))
+            except NvmlError as exc:
+                if not exc.is_not_found:  # the MIG device may already be gone
+                    raise
+        if record.restore.get("mps") and self.mps is not None:
+            self.mps.stop(record.uid)
+        for uuid, value in (record.restore.get("timeSlice") or {}).items():
+            if self.commands is not None:
+                set_time_slice(self.commands, uuid, int(value))
+        crash_point("unprepare:after-settings-restored")
+        owned = _owned_elsewhere(cp, record.uid)
+        parents: set[str] = set()
+        preexisting = {parent: set(ids) for parent, ids in
+                       (record.restore.get("preexistingMig") or {}).items()}
+        for device in record.devices:
+            mig = device.mig
+            if mig is None or mig.profile_id < 0:
+                continue  # static MIG: never ours to destroy
+            parents.add(mig.parent_uuid)  # MIG mode may have been turned on for it
+            if mig.created:
+                self._destroy(mig, owned, preexisting.get(mig.parent_uuid, set()))
+        crash_point("unprepare:after-mig-destroy")
+        for parent in parents:
+            self.restore_mig_mode(parent, cp)
+
+    def _destroy(
+        self, mig: MigRecord, owned: set[tuple[str, int, int]], preexisting: set[int]
+    ) -> None:
+        if (mig.parent_uuid, mig.profile_id, mig.placement_start) in owned:
+            return  # another claim's; never ours to destroy
+        gi, ci = mig.gpu_instance_id, mig.compute_instance_id
+        if gi < 0:
+            # Crashed between create and record: find it by what the name encodes, but
+            # never a device that existed before this claim started.
+            live = self._find_live(mig.parent_uuid, mig.profile_id, mig.placement_start)
+            if live is None or live.gpu_instance_id in preexisting:
+                return
+            gi, ci = live.gpu_instance_id, live.compute_instance_id
+        started = time.perf_counter()
+        if self.nvml.destroy_mig_device(mig.parent_uuid, gi, ci):
+            metrics.MIG_OPERATIONS.labels("destroy", "ok").inc()
+            metrics.MIG_OPERATION_SECONDS.labels("destroy").observe(time.perf_counter() - started)
+            log.info("destroyed MIG device", gpu=mig.parent_uuid, gpu_instance=gi,
+                     compute_instance=ci)
+
+    def _find_live(self, parent: str, profile_id: int, start: int) -> MigInstance | None:
+        for instance in self.nvml.mig_instances(parent):
+            if instance.profile_id == profile_id and instance.placement.start == start:
+                return instance
+        return None
+
+    def restore_mig_mode(self, parent: str, cp: Checkpoint) -> None:
+        """Turn MIG off again when the last partition is gone and it was off before us."""
+        if cp.mig_mode_baseline.get(parent, True):
+            return
+        if self.nvml.mig_instances(parent):
+            return
+        if self.nvml.running_processes(parent):
+            return  # not idle: leave it; the next unprepare tries again
+        try:
+            self.nvml.set_mig_mode(parent, False)
+        except NvmlError as exc:
+            log.warning("could not disable MIG mode", gpu=parent, error=str(exc))
+        else:
+            log.info("disabled MIG mode", gpu=parent)
+
+    def safe_instances(self, parent: str) -> list[MigInstance]:
+        """The GPU's MIG devices; none (with a warning) when NVML cannot list them."""
+        try:
+            return self.nvml.mig_instances(parent)
+        except NvmlError as exc:
+            log.warning("cannot list MIG devices", gpu=parent, error=str(exc))
+            return []
+
+
+def _owned_elsewhere(cp: Checkpoint, uid: str) -> set[tuple[str, int, int]]:
+    """(parent, profile, start) of MIG devices that other claims hold."""
+    owned = set()
+    for record in cp.claims.values():
+        if record.uid == uid:
+            continue
+        for device in record.devices:
+            if device.mig is not None and device.mig.created:
+                m = device.mig
+                owned.add((m.parent_uuid, m.profile_id, m.placement_start))
+    return owned

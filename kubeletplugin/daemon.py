@@ -1,0 +1,260 @@
+"""The node daemon: kubelet plugin + ResourceSlice publisher + probes, wired and supervised.
+
+Start order: NVML → checkpoint and start-up reconciliation → inventory → gRPC sockets →
+publishing → HTTP probes. Stop (``stop`` set, e.g. by SIGTERM): stop accepting calls, let
+in-flight ones finish, remove our sockets, stop publishing, return. The publisher is a
+supervised root task: restarted with back-off when it dies, named in ``/readyz`` while it
+is down, and fatal (:class:`DaemonError`) when it keeps dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from gpudra.api.claims import ClaimRef
+from gpudra.driver.checkpoint_codec import CheckpointError
+from gpudra.driver.health_monitor import HealthMonitor
+from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
+from gpudra.kubeletplugin.grpc_probe import answers_get_info
+from gpudra.kubeletplugin.health_service import HealthService
+from gpudra.kubeletplugin.http_probes import ProbeServer
+from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome
+from gpudra.kubeletplugin.node_config import NodeConfig
+from gpudra.kubeletplugin.node_state import build_device_state, watched_gpus
+from gpudra.kubeletplugin.preparer import Preparer
+from gpudra.kubeletplugin.server import PluginServer
+from gpudra.kubeletplugin.supervisor import RootTaskFailed, Supervisor
+
+log = structlog.get_logger("gpudra.node")
+
+
+class DaemonError(Exception):
+    """The daemon cannot start or go on; the message is one line for the operator."""
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+    """Run the daemon until ``stop`` is set (also during start-up: SIGTERM is honoured
+    while devices are still being discovered, and nothing is left behind).
+
+    Raises :class:`DaemonError` when start-up fails or a root task keeps dying.
+    """
+    runtime = _Runtime(supervisor=Supervisor(config.restarts))
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    try:
+        startup = asyncio.create_task(_start(config, runtime), name="startup")
+        if await _unless_stopped(startup, stopping):
+            failed = asyncio.create_task(runtime.supervisor.failed(), name="supervision")
+            try:
+                await _unless_stopped(failed, stopping)
+            except RootTaskFailed as exc:
+                raise DaemonError(str(exc)) from exc
+        log.info("shutting down")
+    finally:
+        stopping.cancel()
+        await runtime.close(config.shutdown_grace)
+
+
+async def _unless_stopped(work: asyncio.Task[None], stopping: asyncio.Task[Any]) -> bool:
+    """Wait for ``work`` (True; its error is raised) or for ``stopping`` (False; ``work``
+    is cancelled and awaited)."""
+    done, _ = await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        work.result()
+        return True
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return False
+
+
+@dataclass
+class _Runtime:
+    """What the daemon has started so far; closed in reverse order, whatever happened."""
+
+    supervisor: Supervisor
+    server: PluginServer | None = None
+    nvml: Nvml | None = None
+    api: Any = None
+    monitor: HealthMonitor | None = None
+    probes: ProbeServer | None = None
+
+    async def close(self, grace: float) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)  # sockets go first: the kubelet sees us leave
+        await self.supervisor.stop()
+        if self.probes is not None:
+            self.probes.stop()
+        if self.monitor is not None:
+            await asyncio.to_thread(self.monitor.stop)
+        if self.api is not None:
+            await self.api.close()
+        if self.nvml is not None:
+            self.nvml.shutdown()
+
+
+async def _start(config: NodeConfig, runtime: _Runtime) -> None:
+    paths = config.paths
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        runtime.nvml = nvml = open_nvml(simulate=config.simulate, sim_state=paths.sim_state,
+                                        driver_root=paths.driver_root)
+    except NvmlUnavailable as exc:
+        raise DaemonError(str(exc)) from exc
+    try:
+        state = await _in_daemon_thread(build_device_state, config, nvml)
+    except CheckpointError as exc:  # e.g. the previous pod still holds the lock
+        raise DaemonError(f"checkpoint: {exc}") from exc
+    monitor: HealthMonitor | None = None
+    health: HealthService | None = None
+    if config.gates.enabled("DeviceHealthCheck"):
+        health = HealthService(config.node_name, lambda: (
+            monitor.device_health(state.index.devices) if monitor is not None else ()))
+    # Register once the node state is ready; calls that arrive while the Kubernetes client
+    # (the heaviest import, not needed to register) loads wait for it in _StartingPreparer.
+    starting = _StartingPreparer()
+    runtime.server = server = PluginServer(config.driver_name, config.registrar_dir,
+                                           config.plugins_dir, config.pod_uid, starting,
+                                           health_servicer=health)
+    await server.start()
+    from gpudra.controller.publisher import SlicePublisher
+    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+
+    runtime.api = api = await _api_client(config.kubeconfig)
+    starting.ready(Preparer(driver=config.driver_name, fetcher=ClaimFetcher(api), state=state))
+    publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name)
+    if health is not None:
+        loop = asyncio.get_running_loop()
+
+        def refresh() -> None:
+            assert monitor is not None and health is not None
+            publisher.update(monitor.apply(state.index.devices))
+            health.notify()
+
+        def changed() -> None:  # called from the watcher thread
+            loop.call_soon_threadsafe(refresh)
+
+        runtime.monitor = monitor = HealthMonitor(nvml, watched_gpus(state), config.health,
+                                                  on_change=changed)
+        monitor.start()
+        publisher.update(monitor.apply(state.index.devices))
+        health.notify()
+    else:
+        publisher.update(state.index.devices)
+    runtime.supervisor.start("publisher", publisher.run)
+    if config.http_address is not None:
+        def not_ready() -> list[str]:
+            problems = []
+            if not server.registration.registered.is_set():
+                problems.append("not registered with the kubelet yet")
+            if not publisher.synced.is_set():
+                problems.append("ResourceSlices not published yet")
+            return problems + runtime.supervisor.problems()
+
+        try:
+            runtime.probes = ProbeServer(config.http_address, live=_live(server),
+                                         ready=not_ready)
+        except OSError as exc:
+            host, port = config.http_address
+            raise DaemonError(f"--http-address {host}:{port}: "
+                              f"{exc.strerror or exc}") from exc
+        runtime.probes.start()
+    log.info("node daemon running", node=config.node_name, driver=config.driver_name,
+             devices=len(state.index.devices.devices), simulate=config.simulate)
+
+
+def _live(server: PluginServer) -> Callable[[], list[str]]:
+    def check() -> list[str]:
+        if answers_get_info(server.registration_socket_path):
+            return []
+        return ["the registration socket does not answer GetInfo"]
+    return check
+
+
+async def _api_client(kubeconfig: str | None) -> Any:
+    from kubernetes.aio import client as aio_client
+    from kubernetes.aio import config as aio_config
+
+    configuration = aio_client.Configuration()
+    if kubeconfig:
+        if not Path(kubeconfig).is_file():  # noqa: ASYNC240 - one stat at start-up
+            raise DaemonError(f"--kubeconfig {kubeconfig}: no such file")
+        try:
+            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration)
+        except Exception as exc:  # ConfigException, YAML errors, bad certificates …
+            raise DaemonError(f"--kubeconfig {kubeconfig}: {exc}") from exc
+    else:
+        try:
+            aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration)
+        except aio_config.ConfigException as exc:
+            raise DaemonError("no --kubeconfig given and not running in a cluster "
+                              f"({exc})") from exc
+    return aio_client.ApiClient(configuration)
+
+
+class _StartingPreparer:
+    """Calls that arrive between registration and the API client being ready wait here.
+
+    The sockets come up as soon as the node's devices are known; importing and configuring
+    the Kubernetes client (the heaviest import, not needed to register) happens after, and
+    takes well under a second, far inside the kubelet's 45 s call deadline.
+    """
+
+    def __init__(self) -> None:
+        self._ready = asyncio.Event()
+        self._inner: ClaimPreparer | None = None
+
+    def ready(self, inner: ClaimPreparer) -> None:
+        self._inner = inner
+        self._ready.set()
+
+    async def _target(self) -> ClaimPreparer:
+        await self._ready.wait()
+        assert self._inner is not None
+        return self._inner
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+        return await (await self._target()).prepare(claims)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        return await (await self._target()).unprepare(claims)
+
+
+T = TypeVar("T")
+
+
+async def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking start-up work in a daemon thread.
+
+    Unlike ``asyncio.to_thread``, a SIGTERM during slow device discovery does not have to
+    wait for it: the interpreter does not join daemon threads at exit.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task, not lost in the thread
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+
+    threading.Thread(target=work, name="start-up", daemon=True).start()
+    return await future
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,67 @@
+"""What the node daemon is told: one frozen value, built and checked by the CLI from the
+flags and their environment fallbacks before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudra.driver.featuregates import FeatureGates
+from gpudra.driver.health import HealthPolicy
+from gpudra.kubeletplugin.sockets import plugin_data_dir
+from gpudra.kubeletplugin.supervisor import RestartPolicy
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where the daemon keeps and finds things, defaults filled in."""
+
+    data_dir: Path
+    """``<plugins-dir>/<driver>``: checkpoint, MPS and (simulated) node state."""
+    sim_state: Path | None
+    """The simulated node's state; None on real hardware."""
+    driver_root: Path
+    """The NVIDIA driver root as this process sees it."""
+    host_driver_root: Path
+    """The same root as the host (and so the CDI spec) sees it."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The daemon's settings; each field is one flag (``--node-name`` → ``node_name``)."""
+
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER
+    gates: FeatureGates = field(default_factory=lambda: FeatureGates({}))
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    """From ``--additional-xids-to-ignore`` and ``--xid-quiet-period``."""
+    kubeconfig: str | None = None
+    """None: the in-cluster configuration."""
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    cdi_root: Path = Path("/var/run/cdi")
+    driver_root: Path | None = None
+    """None: ``/``, or a generated root when simulating."""
+    host_driver_root: Path | None = None
+    """None: ``driver_root``."""
+    simulate: str | None = None
+    """A simulated node profile instead of real NVML."""
+    sim_state: Path | None = None
+    """None: ``<data_dir>/sim`` when simulating."""
+    pod_uid: str | None = None
+    http_address: tuple[str, int] | None = ("127.0.0.1", 8080)
+    """Host and port of ``/metrics``, ``/healthz``, ``/readyz``; None: not served."""
+    shutdown_grace: float = 10.0
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    """How dead root tasks (the slice publisher) are restarted; not a flag."""
+
+    @property
+    def paths(self) -> NodePaths:
+        data_dir = plugin_data_dir(self.plugins_dir, self.driver_name)
+        sim_state = (self.sim_state or data_dir / "sim") if self.simulate else None
+        driver_root = self.driver_root or (
+            data_dir / "sim-driver-root" if self.simulate else Path("/"))
+        return NodePaths(data_dir, sim_state, driver_root,
+                         self.host_driver_root or driver_root)

@@ -1,0 +1,131 @@
+"""Claim GETs through the Kubernetes layer, over real HTTP to the test API server.
+
+Every GET is counted in ``gpudra_api_calls``; every failure is one ``ClaimFetchError`` that
+names the claim as ``ns/name:uid`` and the API server, in words ``error_reason`` sorts; one
+deadline covers headers and body.
+"""
+
+from __future__ import annotations
+
+import time
+
+import kubernetes.aio.client as aio_k8s
+import pytest
+from prometheus_client import REGISTRY
+
+from gpudra.driver.claims import ClaimError
+from gpudra.driver.metrics import error_reason
+from gpudra.kube.errors import ApiCallError
+from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher, ClaimFetchError
+from gpudra.testing.fakeapi import samples
+from gpudra.testing.fakeapi.server import FakeApiServer
+from tests.fakeapi.fixtures import aio_k8s_client, fake_api  # noqa: F401
+from tests.kube.stalling_server import client_of, http_answer
+
+UID = "00000000-0000-4000-8000-0000000000aa"
+
+
+def claim_gets(outcome: str) -> float:
+    return REGISTRY.get_sample_value("gpudra_api_calls_total", {
+        "verb": "get", "resource": "resourceclaims", "outcome": outcome}) or 0.0
+
+
+@pytest.fixture
+def fetcher(aio_k8s_client: aio_k8s.ApiClient) -> ClaimFetcher:  # noqa: F811
+    return ClaimFetcher(aio_k8s_client, timeout=2.0)
+
+
+async def test_a_claim_arrives_as_raw_json_and_the_get_is_counted(
+        fetcher: ClaimFetcher, fake_api: FakeApiServer):  # noqa: F811
+    stored = samples.claim("c1", "team-a")
+    stored["spec"]["devices"]["futureField"] = {"kept": True}  # unknown to client models
+    fake_api.put(stored)
+    before = claim_gets("ok")
+    claim = await fetcher.fetch("team-a", "c1", UID)
+    assert claim["metadata"]["name"] == "c1"
+    assert claim["spec"]["devices"]["futureField"] == {"kept": True}
+    assert claim_gets("ok") == before + 1
+    assert [r.path for r in fake_api.requests] == [
+        "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c1"]
+
+
+async def test_a_missing_claim_is_not_found_in_the_api_server(fetcher: ClaimFetcher):
+    before = claim_gets("not_found")
+    with pytest.raises(ClaimFetchError) as caught:
+        await fetcher.fetch("default", "nope", UID)
+    message = str(caught.value)
+    assert message == f"claim default/nope:{UID}: not found in the API server"
+    assert error_reason(message) == "claim_not_found"
+    assert isinstance(caught.value.__cause__, ApiCallError)
+    assert claim_gets("not_found") == before + 1
+
+
+@pytest.mark.parametrize(("status", "outcome"), [(503, "server_error"), (403, "error"),
+                                                 (429, "throttled")])
+async def test_an_error_status_names_the_claim_status_and_api_server(
+        fetcher: ClaimFetcher, fake_api: FakeApiServer, status, outcome):  # noqa: F811
+    fake_api.fail_next(1, status=status, verb="get", resource="resourceclaims",
+                       message="go away")
+    before = claim_gets(outcome)
+    with pytest.raises(ClaimFetchError) as caught:
+        await fetcher.fetch("default", "c1", UID)
+    message = str(caught.value)
+    assert message == f"claim default/c1:{UID}: API error {status} from the API server: go away"
+    assert error_reason(message) == "api_error"
+    assert claim_gets(outcome) == before + 1
+
+
+async def test_no_answer_says_the_api_server_cannot_be_reached(
+        fetcher: ClaimFetcher, fake_api: FakeApiServer):  # noqa: F811
+    fake_api.drop_next(2, verb="get")  # aiohttp resends an idempotent request once
+    before = claim_gets("unreachable")
+    with pytest.raises(ClaimFetchError) as caught:
+        await fetcher.fetch("default", "c1", UID)
+    assert str(caught.value).startswith(f"claim default/c1:{UID}: cannot reach the API server: ")
+    assert error_reason(str(caught.value)) == "api_error"
+    assert claim_gets("unreachable") == before + 1
+
+
+async def test_slow_headers_end_at_the_deadline(
+        aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer):  # noqa: F811
+    fake_api.put(samples.claim("c1"))
+    fake_api.delay(2.0, verb="get", resource="resourceclaims")
+    before = claim_gets("timeout")
+    started = time.monotonic()
+    with pytest.raises(ClaimFetchError) as caught:
+        await ClaimFetcher(aio_k8s_client, timeout=0.3).fetch("default", "c1", UID)
+    assert time.monotonic() - started < 1.5
+    assert str(caught.value) == (
+        f"claim default/c1:{UID}: cannot reach the API server: no answer within 0.3s")
+    assert claim_gets("timeout") == before + 1
+
+
+async def test_a_stalled_body_ends_at_the_same_deadline():
+    async with client_of(http_answer(b'{"kind": "ResourceClaim"', length=9000)) as client:
+        started = time.monotonic()
+        with pytest.raises(ClaimFetchError) as caught:
+            await ClaimFetcher(client, timeout=0.3).fetch("default", "c1", UID)
+        assert time.monotonic() - started < 1.5
+    assert "no answer within 0.3s" in str(caught.value)
+
+
+async def test_a_body_that_is_not_a_claim_is_a_bad_answer():
+    async with client_of(http_answer(b"<html>a proxy's login page</html>")) as client:
+        with pytest.raises(ClaimFetchError) as caught:
+            await ClaimFetcher(client).fetch("default", "c1", UID)
+    assert str(caught.value) == (f"claim default/c1:{UID}: bad answer from the API server: "
+                                 "the server answered with invalid JSON")
+    assert error_reason(str(caught.value)) == "api_error"
+
+
+async def test_fetch_all_keeps_order_and_gives_each_claim_its_own_error(
+        fetcher: ClaimFetcher, fake_api: FakeApiServer):  # noqa: F811
+    fake_api.put(samples.claim("a"))
+    fake_api.put(samples.claim("b"))
+    results = await fetcher.fetch_all([("default", "a", "u-a"), ("default", "gone", "u-g"),
+                                       ("default", "b", "u-b")])
+    first, missing, last = results
+    assert not isinstance(first, ClaimError) and first["metadata"]["name"] == "a"
+    assert not isinstance(last, ClaimError) and last["metadata"]["name"] == "b"
+    assert isinstance(missing, ClaimFetchError)
+    assert str(missing) == "claim default/gone:u-g: not found in the API server"
