@@ -4,6 +4,10 @@ Production loads the real ``libnvidia-ml.so.1`` through ``pynvml`` (nvidia-ml-py
 ``simulate`` the simulated library is installed *under* ``pynvml``, so every call below
 runs the same ``pynvml`` wrappers either way. Nothing else in gpudra imports ``pynvml``.
 Results are plain dataclasses so callers never hold ctypes objects.
+
+One file (~600 lines) on purpose: it is the only module allowed to import ``pynvml``
+(``tests/test_architecture.py``), so every NVML call, its error mapping and its locking
+stay reviewable in one place; splitting it would make two seams.
 """
 
 from __future__ import annotations
