@@ -1,28 +1,32 @@
 """Benchmarks of the node daemon through its real paths.
 
-    python -m bench.node_daemon [--runs 3] [--claims 200] [--cycles 1000] [--steady 60]
+    python -m bench.node_daemon [--runs 3] [--claims 100] [--cycles 10000] [--steady 60]
 
-Starts the test API server (loopback HTTP) and ``gpudra node --simulate dgx-h100`` as a
-separate process, drives it with the kubelet emulator over its unix sockets, and prints
-p50/p95/p99 per measurement and run. Numbers go into bench/RESULTS.md by hand, with the
-machine and commit.
+Starts the API-server stand-in in **its own process** (``bench.remote_api``), runs
+``gpudra node --simulate dgx-h100`` as a separate process, drives it with the kubelet
+emulator over its unix sockets, and prints one line per measurement and run. Numbers go
+into bench/RESULTS.md by hand, with the machine and commit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.remote_api import RemoteApi
 from gpudra.api.claims import ClaimRef
 from gpudra.kubeletplugin.grpc_probe import answers_get_info
-from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import Daemon, claim_object
+from tests.integration.daemon import Daemon, claim_object, free_port, http_get
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -32,11 +36,11 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def summary(name: str, seconds: Sequence[float]) -> str:
     ms = [s * 1000 for s in seconds]
-    return (f"{name:<44} n={len(ms):<5} p50={pct(ms, 50):7.2f} ms  p95={pct(ms, 95):7.2f} ms  "
+    return (f"{name:<48} n={len(ms):<5} p50={pct(ms, 50):7.2f} ms  p95={pct(ms, 95):7.2f} ms  "
             f"p99={pct(ms, 99):7.2f} ms  max={max(ms):7.2f} ms")
 
 
-def make_claim(api: FakeApiServer, name: str, devices: list[str], *,
+def make_claim(api: RemoteApi, name: str, devices: list[str], *,
                admin: bool = False) -> ClaimRef:
     meta = api.put(claim_object(name, devices=devices, admin_access=admin))["metadata"]
     return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
@@ -49,56 +53,74 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def latency(api: FakeApiServer, kubelet: KubeletEmulator, args: argparse.Namespace) -> None:
-    full, mig, unprep = [], [], []
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+async def _prepare_ok(kubelet: KubeletEmulator, refs: list[ClaimRef]) -> float:
+    started = time.perf_counter()
+    answer = await kubelet.prepare(refs)
+    elapsed = time.perf_counter() - started
+    assert all(v["error"] == "" for v in answer.values()), answer
+    return elapsed
+
+
+async def _unprepare(kubelet: KubeletEmulator, refs: list[ClaimRef]) -> float:
+    started = time.perf_counter()
+    await kubelet.unprepare(refs)
+    return time.perf_counter() - started
+
+
+async def latency(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
+                  args: argparse.Namespace) -> None:
+    assert daemon.process is not None
+    full, unprep = [], []
+    cpu_before = cpu_seconds(daemon.process.pid)
     for i in range(args.claims):
         ref = make_claim(api, f"full-{i}", [f"gpu-{i % 8}"])
-        t = time.perf_counter()
-        r = await kubelet.prepare([ref])
-        full.append(time.perf_counter() - t)
-        assert r[ref.uid]["error"] == "", r
-        t = time.perf_counter()
-        await kubelet.unprepare([ref])
-        unprep.append(time.perf_counter() - t)
+        full.append(await _prepare_ok(kubelet, [ref]))
+        unprep.append(await _unprepare(kubelet, [ref]))
+    cpu = cpu_seconds(daemon.process.pid) - cpu_before
+    print(summary("prepare, 1 full-GPU claim per call", full))
+    print(summary("unprepare, 1 claim per call", unprep))
+    print(f"daemon CPU per prepare+unprepare pair: {cpu / args.claims * 1000:.2f} ms "
+          f"({args.claims} pairs)")
+    mig = []
     for i in range(args.claims):
         ref = make_claim(api, f"mig-{i}", [f"gpu-{i % 8}-mig-1g10gb-19-{i % 7}"])
-        t = time.perf_counter()
-        r = await kubelet.prepare([ref])
-        mig.append(time.perf_counter() - t)
-        assert r[ref.uid]["error"] == "", r
+        mig.append(await _prepare_ok(kubelet, [ref]))
         await kubelet.unprepare([ref])
-    print(summary("prepare, one full-GPU claim", full))
-    print(summary("prepare, one dynamic-MIG claim (create GI+CI)", mig))
-    print(summary("unprepare, one full-GPU claim", unprep))
-    mig_batch, admin_batch = [], []
+    print(summary("prepare, 1 dynamic-MIG claim (create GI+CI)", mig))
+    batches: dict[str, list[float]] = {"p8": [], "u8": [], "p64": [], "u64": [], "m56": []}
     for run in range(5):
+        refs = [make_claim(api, f"e{run}-{i}", [f"gpu-{i}"]) for i in range(8)]
+        batches["p8"].append(await _prepare_ok(kubelet, refs))
+        batches["u8"].append(await _unprepare(kubelet, refs))
+        # 64 claims in one call, full GPUs with admin access (8 claims per GPU may share)
+        refs = [make_claim(api, f"a{run}-{i}", [f"gpu-{i % 8}"], admin=True) for i in range(64)]
+        batches["p64"].append(await _prepare_ok(kubelet, refs))
+        batches["u64"].append(await _unprepare(kubelet, refs))
         # 56 claims in one call: every 1g placement of all 8 GPUs (56 MIG devices created)
         refs = [make_claim(api, f"b{run}-{i}", [f"gpu-{i // 7}-mig-1g10gb-19-{i % 7}"])
                 for i in range(56)]
-        t = time.perf_counter()
-        r = await kubelet.prepare(refs)
-        mig_batch.append(time.perf_counter() - t)
-        assert all(v["error"] == "" for v in r.values()), r
+        batches["m56"].append(await _prepare_ok(kubelet, refs))
         await kubelet.unprepare(refs)
-        # 64 claims in one call, full GPUs with admin access (8 claims per GPU may share)
-        refs = [make_claim(api, f"a{run}-{i}", [f"gpu-{i % 8}"], admin=True) for i in range(64)]
-        t = time.perf_counter()
-        r = await kubelet.prepare(refs)
-        admin_batch.append(time.perf_counter() - t)
-        assert all(v["error"] == "" for v in r.values()), r
-        await kubelet.unprepare(refs)
-    print(summary("prepare, one call with 64 full-GPU claims", admin_batch))
-    print(summary("prepare, one call with 56 dynamic-MIG claims", mig_batch))
+    print(summary("prepare, one call with 8 full-GPU claims", batches["p8"]))
+    print(summary("unprepare, one call with 8 claims", batches["u8"]))
+    print(summary("prepare, one call with 64 full-GPU claims", batches["p64"]))
+    print(summary("unprepare, one call with 64 claims", batches["u64"]))
+    print(summary("prepare, one call with 56 dynamic-MIG claims", batches["m56"]))
 
 
-async def cycles(api: FakeApiServer, kubelet: KubeletEmulator, daemon: Daemon,
+async def cycles(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
                  count: int) -> None:
     assert daemon.process is not None
     samples = [(0, rss_mib(daemon.process.pid))]
     for i in range(1, count + 1):
         ref = make_claim(api, f"cycle-{i}", [f"gpu-{i % 8}-mig-2g20gb-14-{(i % 3) * 2}"])
-        r = await kubelet.prepare([ref])
-        assert r[ref.uid]["error"] == "", r
+        await _prepare_ok(kubelet, [ref])
         await kubelet.unprepare([ref])
         api.delete("ResourceClaim", f"cycle-{i}", "default")
         if i % (count // 5 or 1) == 0:
@@ -107,70 +129,91 @@ async def cycles(api: FakeApiServer, kubelet: KubeletEmulator, daemon: Daemon,
           + ", ".join(f"{n}: {m:.1f}" for n, m in samples))
 
 
-def timing_start(api: FakeApiServer) -> None:
-    d = Daemon(api.url, node="node-start")
-    api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-start"}})
+def _published(api: RemoteApi, node: str) -> int:
+    slices = api.list("ResourceSlice", field_selector=f"spec.nodeName={node}")
+    if slices and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"]:
+        return len(slices)
+    return 0
+
+
+async def timing_start(api: RemoteApi) -> None:
+    """exec → GetInfo, exec → all slices published (the emulator registers like a
+    kubelet), slice wipe → re-published, SIGTERM → exit with sockets removed."""
+    node = "node-start"
+    api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    d = Daemon(api.url, node=node)
     try:
-        t = time.monotonic()
+        started = time.monotonic()
         d.start(wait=False)
         sock = d.registrar / "gpu.nvidia.com-reg.sock"
         while not (sock.exists() and answers_get_info(sock, timeout=0.5)):
-            time.sleep(0.002)
-        reg = time.monotonic() - t
-        d.wait_registered(30)
-        while True:
-            slices = [s for s in api.list("ResourceSlice")
-                      if s["spec"].get("nodeName") == "node-start"]
-            if slices and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"]:
-                break
-            time.sleep(0.005)
-        pub = time.monotonic() - t
-        print(f"start -> registration answering GetInfo: {reg * 1000:.0f} ms; start -> all "
-              f"{len(slices)} "
-              f"slices published: {pub * 1000:.0f} ms")
-        import kubernetes.client
-
-        client = kubernetes.client.ApiClient(api.configuration())
-        resource = kubernetes.client.ResourceV1Api(client)
-        repairs = []
-        for _ in range(5):
-            time.sleep(0.5)
-            t = time.monotonic()
-            resource.delete_collection_resource_slice(field_selector="spec.nodeName=node-start")
-            while True:
-                slices = [s for s in api.list("ResourceSlice")
-                          if s["spec"].get("nodeName") == "node-start"]
-                if slices and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"]:
-                    break
-                time.sleep(0.005)
-            repairs.append(time.monotonic() - t)
-        client.close()
-        print(summary("slices wiped -> re-published", repairs))
+            await asyncio.sleep(0.002)
+        reg = time.monotonic() - started
+        async with await KubeletEmulator.discover(d.registrar):
+            while not (count := _published(api, node)):
+                await asyncio.sleep(0.005)
+            pub = time.monotonic() - started
+            print(f"exec -> registration answering GetInfo: {reg * 1000:.0f} ms; exec -> all "
+                  f"{count} slices published: {pub * 1000:.0f} ms")
+            repairs = []
+            for _ in range(5):
+                await asyncio.sleep(0.5)
+                t = time.monotonic()
+                api.delete_collection("ResourceSlice", field_selector=f"spec.nodeName={node}")
+                while not _published(api, node):
+                    await asyncio.sleep(0.005)
+                repairs.append(time.monotonic() - t)
+            print(summary("slices wiped -> re-published", repairs))
+            assert d.process is not None
+            print(f"daemon RSS idle after start: {rss_mib(d.process.pid):.1f} MiB")
+        t = time.monotonic()
+        code = d.stop(signal.SIGTERM)
+        while d.sockets():
+            time.sleep(0.001)
+        print(f"SIGTERM -> exit {code} with sockets removed: "
+              f"{(time.monotonic() - t) * 1000:.0f} ms")
     finally:
-        d.stop()
+        if d.process is not None and d.process.poll() is None:
+            d.kill()
         shutil.rmtree(d.base, ignore_errors=True)
 
 
-def steady(api: FakeApiServer, seconds: float) -> None:
+def _api_writes(port: int) -> tuple[int, int]:
+    """(writes, all calls) the daemon made, from its own ``gpudra_api_calls`` metric."""
+    _, text = http_get(port, "/metrics")
+    writes = total = 0
+    for line in text.splitlines():
+        if line.startswith("gpudra_api_calls_total{"):
+            count = int(float(line.rsplit(" ", 1)[1]))
+            total += count
+            if not any(f'verb="{v}"' in line for v in ("get", "list", "watch")):
+                writes += count
+    return writes, total
+
+
+def steady(port: int, seconds: float) -> None:
     time.sleep(1.0)
-    api.reset_calls()
+    writes0, calls0 = _api_writes(port)
     time.sleep(seconds)
-    print(f"writes to the API server during {seconds:.0f} s of steady state: {api.writes()} "
-          f"(all calls: {sum(api.calls.values())})")
+    writes1, calls1 = _api_writes(port)
+    print(f"writes to the API server during {seconds:.0f} s of steady state: "
+          f"{writes1 - writes0} (all calls: {calls1 - calls0})")
 
 
 async def main_async(args: argparse.Namespace) -> None:
     for run in range(args.runs):
         print(f"--- run {run + 1}/{args.runs}")
-        with FakeApiServer() as api:
-            timing_start(api)
+        with RemoteApi() as api:
+            await timing_start(api)
             api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-            daemon = Daemon(api.url).start()
+            port = free_port()
+            daemon = Daemon(api.url, extra_args=["--http-address", f"127.0.0.1:{port}"])
+            daemon.start()
             try:
                 async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
-                    await latency(api, kubelet, args)
+                    await latency(api, kubelet, daemon, args)
                     if run == 0:
-                        steady(api, args.steady)
+                        steady(port, args.steady)
                         await cycles(api, kubelet, daemon, args.cycles)
             finally:
                 daemon.stop()
@@ -181,8 +224,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--claims", type=int, default=200)
-    parser.add_argument("--cycles", type=int, default=1000)
+    parser.add_argument("--claims", type=int, default=100)
+    parser.add_argument("--cycles", type=int, default=10000)
     parser.add_argument("--steady", type=float, default=60.0)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, check=False).stdout.strip()
