@@ -58,6 +58,14 @@ ENV PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/gpudra \
     PATH=/opt/gpudra/bin:${PATH}
 
+# tini runs as PID 1 (see ENTRYPOINT): it forwards signals to gpudra and reaps processes
+# re-parented to PID 1 that nobody waits for, e.g. an MPS server whose control daemon exited
+# first. gpudra waits for the MPS control daemons it stops itself, but only for those pids: a
+# reaper waiting for any child would steal the exit status subprocess.run needs.
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/*
+
 # The wheel is bind-mounted from the build stage, so it never becomes a layer of this image.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv "${VIRTUAL_ENV}" \
@@ -75,5 +83,7 @@ RUN groupadd --system --gid 65532 gpudra \
        --home-dir /nonexistent --shell /usr/sbin/nologin gpudra
 USER 65532:65532
 
-ENTRYPOINT ["gpudra"]
+# Without this image's entrypoint (a pod `command:` override, `docker run --entrypoint`), give
+# gpudra an init another way: `docker run --init`, or `shareProcessNamespace: true` in a pod.
+ENTRYPOINT ["/usr/bin/tini", "--", "gpudra"]
 CMD ["node"]

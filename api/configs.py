@@ -4,27 +4,39 @@
 strict: unknown fields, wrong types (``"50"`` for an int), snake_case keys and unknown
 enum values are errors whose message names the field path. ``computeMode`` is an additive
 gpudra extension. Nothing here applies a config; the driver does.
+
+The models are also the source of the chart's admission policy
+(``gpudra.scheduling.admission_policy`` turns their JSON schema into CEL), so every rule
+that is not a plain type, enum or range lives in a table below that both the validators
+and the schema read, and messages quote values as ``'text'`` (never ``repr``), which CEL
+can reproduce.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
     StrictInt,
     StrictStr,
     Tag,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
+from pydantic.config import JsonDict
 
 from gpudra.api.quantity import QuantityError, parse_quantity
 
@@ -37,6 +49,31 @@ TIME_SLICE_VALUES: dict[str, int] = {"Default": 0, "Short": 1, "Medium": 2, "Lon
 """``nvidia-smi compute-policy --set-timeslice`` values per interval name."""
 
 ComputeMode = Literal["Default", "ExclusiveProcess", "Prohibited"]
+
+# --- rules beyond types, enums and ranges: read by the validators and by the JSON schema ---
+
+ONLY_WITH_STRATEGY: Final[Mapping[str, str]] = {
+    "timeSlicingConfig": "TimeSlicing", "mpsConfig": "MPS"}
+"""A sharing field that belongs to one strategy; set with the other strategy it is an error."""
+COMPUTE_MODE_OF_STRATEGY: Final[Mapping[str, tuple[str, str]]] = {
+    "MPS": ("ExclusiveProcess", "runs the GPU in ExclusiveProcess mode"),
+    "TimeSlicing": ("Default", "needs compute mode Default"),
+}
+"""The only ``computeMode`` a sharing strategy works with, and why."""
+QUANTITY_PATTERN: Final = (r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)"
+                           r"(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+"""A Kubernetes quantity as ``resource.ParseQuantity`` (NVIDIA's decoder) accepts it: ASCII
+digits, no surrounding blanks. The policy checks it with CEL's ``isQuantity()``."""
+QUANTITY_FORMAT: Final = ("expected a number with an optional suffix "
+                          "(Ki, Mi, Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E)")
+PINNED_MEMORY_MINIMUM: Final = "1Mi"
+EMPTY_DEVICE_KEY: Final = "device keys must be a GPU/MIG UUID or an index"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def quoted(value: object) -> str:
+    """A value as messages show it: ``'text'`` for strings, plain for numbers."""
+    return f"'{value}'" if isinstance(value, str) else str(value)
 
 
 class ConfigError(ValueError):
@@ -73,27 +110,41 @@ def _mib(value: object, field: str) -> int:
     return mib
 
 
+def _pinned_memory_limit(value: object) -> str | int:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError("must be a quantity such as '8Gi'")
+    if isinstance(value, str) and not _QUANTITY.match(value):
+        raise ValueError(f"invalid quantity {quoted(value)}: {QUANTITY_FORMAT}")
+    if parse_quantity(value) < Fraction(parse_quantity(PINNED_MEMORY_MINIMUM)):
+        raise ValueError(f"must be at least {PINNED_MEMORY_MINIMUM}, got {quoted(value)}")
+    return value
+
+
+PinnedMemoryLimit = Annotated[
+    str | int,
+    PlainValidator(_pinned_memory_limit),
+    WithJsonSchema({"type": ["string", "integer"], "format": "quantity",
+                    "x-gpudra-quantity-minimum": PINNED_MEMORY_MINIMUM}),
+]
+"""Bytes as a quantity (``'8Gi'``) or an integer, at least 1Mi: NVIDIA's driver passes it
+to MPS in whole MiB."""
+
+
 class MpsConfig(_Strict):
     default_active_thread_percentage: Annotated[StrictInt, Field(ge=0, le=100)] | None = None
-    default_pinned_device_memory_limit: StrictStr | StrictInt | None = None
-    default_per_device_pinned_memory_limit: dict[StrictStr, StrictStr | StrictInt] | None = None
-
-    @field_validator("default_pinned_device_memory_limit")
-    @classmethod
-    def _check_default_limit(cls, value: str | int | None) -> str | int | None:
-        if value is not None:
-            _mib(value, "defaultPinnedDeviceMemoryLimit")
-        return value
+    default_pinned_device_memory_limit: PinnedMemoryLimit | None = None
+    default_per_device_pinned_memory_limit: Annotated[
+        dict[StrictStr, PinnedMemoryLimit] | None,
+        Field(json_schema_extra={"x-gpudra-nonempty-keys": EMPTY_DEVICE_KEY}),
+    ] = None
 
     @field_validator("default_per_device_pinned_memory_limit")
     @classmethod
-    def _check_device_limits(
+    def _check_device_keys(
         cls, value: dict[str, str | int] | None
     ) -> dict[str, str | int] | None:
-        for key, limit in (value or {}).items():
-            if not key:
-                raise ValueError("device keys must be a GPU/MIG UUID or an index")
-            _mib(limit, f"defaultPerDevicePinnedMemoryLimit[{key}]")
+        if any(not key for key in value or {}):
+            raise ValueError(EMPTY_DEVICE_KEY)
         return value
 
     def pinned_limits_mib(self, uuids: list[str]) -> dict[str, int]:
@@ -120,44 +171,58 @@ class TimeSlicingConfig(_Strict):
     interval: TimeSliceInterval = "Default"
 
 
+def _check_strategy_fields(sharing: _Strict, strategy: str) -> None:
+    for alias, owner in ONLY_WITH_STRATEGY.items():
+        name = to_snake(alias)
+        if owner != strategy and getattr(sharing, name, None) is not None:
+            raise ValueError(f"{alias} is only valid with strategy {owner}")
+
+
+def _strategy_rules(fields: tuple[str, ...]) -> JsonDict:
+    return {"x-gpudra-only-with-strategy": {f: ONLY_WITH_STRATEGY[f] for f in fields}}
+
+
 class GpuSharing(_Strict):
+    model_config = ConfigDict(json_schema_extra=_strategy_rules(("timeSlicingConfig",
+                                                                 "mpsConfig")))
     strategy: Literal["TimeSlicing", "MPS"]
     time_slicing_config: TimeSlicingConfig | None = None
     mps_config: MpsConfig | None = None
 
     @model_validator(mode="after")
     def _one_strategy_config(self) -> GpuSharing:
-        if self.strategy == "TimeSlicing" and self.mps_config is not None:
-            raise ValueError("mpsConfig is only valid with strategy MPS")
-        if self.strategy == "MPS" and self.time_slicing_config is not None:
-            raise ValueError("timeSlicingConfig is only valid with strategy TimeSlicing")
+        _check_strategy_fields(self, self.strategy)
         return self
 
 
 class MigDeviceSharing(_Strict):
     # MIG devices cannot take a time-slice setting, so there is no timeSlicingConfig here.
+    model_config = ConfigDict(json_schema_extra=_strategy_rules(("mpsConfig",)))
     strategy: Literal["TimeSlicing", "MPS"]
     mps_config: MpsConfig | None = None
 
     @model_validator(mode="after")
     def _one_strategy_config(self) -> MigDeviceSharing:
-        if self.strategy == "TimeSlicing" and self.mps_config is not None:
-            raise ValueError("mpsConfig is only valid with strategy MPS")
+        _check_strategy_fields(self, self.strategy)
         return self
 
 
 def _check_compute_mode(mode: str | None, strategy: str | None) -> None:
     if mode is None or strategy is None:
         return
-    if strategy == "MPS" and mode != "ExclusiveProcess":
-        raise ValueError(f"computeMode {mode} conflicts with sharing strategy MPS, which runs "
-                         "the GPU in ExclusiveProcess mode")
-    if strategy == "TimeSlicing" and mode != "Default":
-        raise ValueError(f"computeMode {mode} conflicts with sharing strategy TimeSlicing, which "
-                         "needs compute mode Default")
+    wanted, why = COMPUTE_MODE_OF_STRATEGY[strategy]
+    if mode != wanted:
+        raise ValueError(f"computeMode {mode} conflicts with sharing strategy {strategy}, "
+                         f"which {why}")
+
+
+_COMPUTE_MODE_RULE: Final[JsonDict] = {"x-gpudra-compute-mode-of-strategy": {
+    strategy: {"computeMode": mode, "because": why}
+    for strategy, (mode, why) in COMPUTE_MODE_OF_STRATEGY.items()}}
 
 
 class GpuConfig(_Strict):
+    model_config = ConfigDict(json_schema_extra=_COMPUTE_MODE_RULE)
     api_version: Literal["resource.nvidia.com/v1beta1"]
     kind: Literal["GpuConfig"]
     sharing: GpuSharing | None = None
@@ -170,6 +235,7 @@ class GpuConfig(_Strict):
 
 
 class MigDeviceConfig(_Strict):
+    model_config = ConfigDict(json_schema_extra=_COMPUTE_MODE_RULE)
     api_version: Literal["resource.nvidia.com/v1beta1"]
     kind: Literal["MigDeviceConfig"]
     sharing: MigDeviceSharing | None = None
@@ -182,43 +248,68 @@ class MigDeviceConfig(_Strict):
 
 
 DeviceConfig = GpuConfig | MigDeviceConfig
+CONFIG_KINDS: Final[Mapping[str, type[GpuConfig] | type[MigDeviceConfig]]] = {
+    "GpuConfig": GpuConfig, "MigDeviceConfig": MigDeviceConfig}
+"""Kinds of ``resource.nvidia.com/v1beta1`` this driver decodes, with their models."""
+
+
+def shown_field(name: str, value: object) -> str:
+    """How the unsupported-kind message shows ``apiVersion``/``kind`` as found."""
+    if value is None:
+        return f"no {name}"
+    if isinstance(value, str):
+        return f"{name} '{value}'"
+    return f"a non-string {name}"
+
+
+UNSUPPORTED_KIND: Final = (f"unsupported apiVersion/kind: expected apiVersion {GROUP_VERSION} "
+                           f"and kind {' or '.join(CONFIG_KINDS)}")
 
 
 def _discriminate(value: Any) -> str | None:
     # Must return None for non-objects so a JSON list gives a ValidationError, not a crash.
     if isinstance(value, dict):
-        return f"{value.get('apiVersion')}/{value.get('kind')}"
+        kind = value.get("kind")
+        if value.get("apiVersion") == GROUP_VERSION and isinstance(kind, str):
+            return kind
+        return None
     if isinstance(value, GpuConfig | MigDeviceConfig):
-        return f"{value.api_version}/{value.kind}"
+        return value.kind
     return None
 
 
 _ADAPTER: TypeAdapter[DeviceConfig] = TypeAdapter(
     Annotated[
-        Annotated[GpuConfig, Tag(f"{GROUP_VERSION}/GpuConfig")]
-        | Annotated[MigDeviceConfig, Tag(f"{GROUP_VERSION}/MigDeviceConfig")],
-        Discriminator(
-            _discriminate,
-            custom_error_type="unknown_config",
-            custom_error_message=(
-                f"unsupported apiVersion/kind: expected apiVersion {GROUP_VERSION} and kind "
-                "GpuConfig or MigDeviceConfig"
-            ),
-        ),
+        Annotated[GpuConfig, Tag("GpuConfig")] | Annotated[MigDeviceConfig, Tag("MigDeviceConfig")],
+        Discriminator(_discriminate, custom_error_type="unknown_config",
+                      custom_error_message=UNSUPPORTED_KIND),
     ]
 )
 
 
+def _map_fields(models: tuple[type[BaseModel], ...]) -> frozenset[str]:
+    """Aliases of dict-valued fields: their keys are shown as ``field[key]`` in paths."""
+    found: set[str] = set()
+    for model in models:
+        for name, info in model.model_fields.items():
+            types = (info.annotation, *get_args(info.annotation))
+            if any(get_origin(t) is dict for t in types):
+                found.add(info.alias or name)
+    return frozenset(found)
+
+
+_MAP_FIELDS: Final = _map_fields((MpsConfig,))
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
+    if loc and loc[0] in CONFIG_KINDS:
+        loc = loc[1:]  # the discriminator tag is noise in a user-facing path
     parts: list[str] = []
-    for item in loc:
-        text = str(item)
-        if text.startswith(f"{GROUP_VERSION}/"):
-            continue  # the discriminator tag is noise in a user-facing path
-        if isinstance(item, int):
+    for i, item in enumerate(loc):
+        if isinstance(item, int) or (i and loc[i - 1] in _MAP_FIELDS):
             parts.append(f"[{item}]")
         else:
-            parts.append(("." if parts else "") + text)
+            parts.append(("." if parts else "") + str(item))
     return "".join(parts) or "parameters"
 
 
@@ -230,8 +321,8 @@ def _problems(exc: ValidationError) -> list[str]:
             message = "unknown field"
         elif error["type"] == "unknown_config" and isinstance(error.get("input"), dict):
             got = error["input"]
-            message = (f"{message} (got apiVersion {got.get('apiVersion')!r}, "
-                       f"kind {got.get('kind')!r})")
+            message = (f"{message} (got {shown_field('apiVersion', got.get('apiVersion'))}, "
+                       f"{shown_field('kind', got.get('kind'))})")
         elif message.startswith("Value error, "):
             message = message.removeprefix("Value error, ")
         problems.append(f"{_path(tuple(error['loc']))}: {message}")
@@ -262,3 +353,9 @@ def validate_opaque(parameters: object) -> list[str]:
     except ConfigError as exc:
         return exc.problems
     return []
+
+
+def config_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON schema of each config kind, as the admission policy generator reads it."""
+    return {kind: model.model_json_schema(by_alias=True, mode="validation")
+            for kind, model in CONFIG_KINDS.items()}

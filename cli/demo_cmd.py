@@ -31,9 +31,10 @@ import yaml
 from gpudra.api.claims import ClaimRef
 from gpudra.cli import package_data
 from gpudra.cli.options import CliError
+from gpudra.cli.output import plain_text
 from gpudra.scheduling.allocator import Allocator
-from gpudra.scheduling.explain import subjects
-from gpudra.testing.kubelet_emulator import KubeletEmulator
+from gpudra.scheduling.explain_subjects import subjects
+from gpudra.testing.kubelet_emulator import BackgroundKubelet, KubeletEmulator
 
 DRIVER = "gpu.nvidia.com"
 NODE = "demo-node"
@@ -50,7 +51,7 @@ SCENARIOS = [
 def add_parser(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "demo", help="run the driver end to end on a simulated GPU node",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="dgx-h100", help="simulated node profile")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.set_defaults(run=run)
@@ -152,7 +153,9 @@ def _demo(profile: str, base: Path) -> None:
                      "--registrar-dir", str(base / "registry"),
                      "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
                      "--http-address", f"127.0.0.1:{http}", "--log-format", "json"]
-        with _process(node_args, log=base / "node.log") as daemon:
+        # A kubelet registers the daemon as its sockets appear: it publishes only then.
+        with BackgroundKubelet(base / "registry"), \
+                _process(node_args, log=base / "node.log") as daemon:
             slices = _wait_for(lambda: _published(url), "the ResourceSlices", daemon,
                                base / "node.log")
             elapsed = time.monotonic() - started

@@ -1,7 +1,8 @@
 """``gpudra explain``: would these claims be allocated, on which node and devices, and why not.
 
 The cluster is either simulated (``--simulate PROFILE --nodes N``: N identical nodes) or
-read through ``--kubeconfig`` (DeviceClasses, ResourceSlices, allocated claims, node labels).
+read through the kubeconfig kubectl would use (DeviceClasses, ResourceSlices, allocated
+claims, node labels).
 """
 
 from __future__ import annotations
@@ -18,20 +19,17 @@ from typing import Any
 
 import yaml
 
-from gpudra.cli import package_data
+from gpudra.cli import manifests, package_data
 from gpudra.cli.inventory_cmd import collect_devices
 from gpudra.cli.options import CliError, add_simulation_flags, env
+from gpudra.cli.output import EXIT_STATUS_HELP, UsageError, add_output_flag, emit, table
 from gpudra.controller.slices import build_slices
+from gpudra.kube.kubeconfig import ClusterAccess, KubeconfigError, api_client, resolve
 from gpudra.scheduling.allocator import Allocator
-from gpudra.scheduling.explain import (
-    ExplainError,
-    default_device_classes,
-    explain,
-    render_table,
-    subjects,
-    to_json,
-)
-from gpudra.scheduling.validate import objects, validate_object
+from gpudra.scheduling.explain import Explanation, default_device_classes, explain
+from gpudra.scheduling.explain_output import render_table, to_json
+from gpudra.scheduling.explain_subjects import ExplainError, subjects
+from gpudra.scheduling.validate import objects, pod_spec, validate_object
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -42,21 +40,30 @@ def add_parser(sub: Any) -> None:
         description="Run the scheduler's allocation for the claims in FILE (ResourceClaim, "
                     "ResourceClaimTemplate, or a Pod with the templates it uses; DeviceClass "
                     "documents override the defaults) against simulated nodes or a cluster, "
-                    "and explain the choice or the refusal device by device. Exit status 0 "
-                    "when everything is allocatable, 1 otherwise.")
-    parser.add_argument("file", metavar="FILE", type=Path, help="YAML, possibly multi-document")
+                    "and explain the choice or the refusal device by device. Without "
+                    "--simulate, the cluster is the one kubectl would use.",
+        epilog=EXIT_STATUS_HELP)
+    parser.add_argument("files", metavar="FILE", nargs="+", type=Path,
+                        help="YAML (possibly multi-document), a folder of it as kubectl apply "
+                             "-f reads one, or - for standard input")
     add_simulation_flags(parser)
     parser.add_argument("--nodes", type=int, default=1, metavar="N",
                         help="with --simulate: N identical nodes <profile>-0 … <profile>-N-1")
-    parser.add_argument("--kubeconfig", type=Path, metavar="PATH",
-                        help="read DeviceClasses, ResourceSlices and allocations from a cluster")
+    parser.add_argument("--kubeconfig", type=Path, metavar="FILE",
+                        help="the cluster to read DeviceClasses, ResourceSlices and "
+                             "allocations from (default: KUBECONFIG, else ~/.kube/config, "
+                             "else in-cluster)")
+    parser.add_argument("--context", help="the kubeconfig context to use")
+    parser.add_argument("-n", "--namespace",
+                        help="namespace of input objects that name none (default: the "
+                             "context's, as kubectl apply)")
     parser.add_argument("--node", action="append", metavar="NAME",
                         help="only consider this node (repeatable)")
     parser.add_argument("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER),
                         help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
     parser.add_argument("--feature-gates", default=env("FEATURE_GATES", ""),
                         help="comma-separated Name=true|false for the simulated node")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_output_flag(parser, "every node's allocation and trace")
     parser.set_defaults(run=run)
 
 
@@ -72,12 +79,7 @@ class Cluster:
 
 
 def read_documents(path: Path) -> list[Any]:
-    try:
-        return list(yaml.safe_load_all(path.read_text()))
-    except OSError as exc:
-        raise CliError(f"{path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise CliError(f"{path}: not valid YAML: {exc}") from exc
+    return manifests.read_documents(path)
 
 
 def deploy_classes(driver: str) -> list[dict[str, Any]]:
@@ -106,7 +108,7 @@ def _renamed(slices: list[dict[str, Any]], old: str, new: str) -> Iterator[dict[
 
 def simulated_cluster(args: argparse.Namespace) -> Cluster:
     if args.nodes < 1:
-        raise CliError("--nodes must be at least 1")
+        raise UsageError("--nodes must be at least 1")
     devices = collect_devices(args)
     nodes = [f"{args.simulate}-{i}" for i in range(args.nodes)]
     # Building slices costs milliseconds per node; identical nodes share one build.
@@ -131,15 +133,15 @@ def _list(call: Any, **kwargs: Any) -> list[dict[str, Any]]:
             return items
 
 
-def cluster_from_kubeconfig(path: Path) -> Cluster:
+def cluster_from_kubeconfig(access: ClusterAccess) -> Cluster:
     # Imported here: loading the client costs ~0.3 s that --simulate does not need.
     import urllib3
-    from kubernetes import client, config
+    from kubernetes import client
 
     try:
-        api = config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
-    except Exception as exc:  # the loader raises several unrelated types
-        raise CliError(f"--kubeconfig {path}: {exc}") from exc
+        api = api_client(access)
+    except KubeconfigError as exc:
+        raise UsageError(str(exc)) from exc
     try:
         resource = client.ResourceV1Api(api)
         slices = _list(resource.list_resource_slice)
@@ -174,7 +176,7 @@ def _selected_nodes(cluster: Cluster, wanted: list[str] | None) -> list[str]:
         return cluster.nodes
     unknown = [n for n in wanted if n not in cluster.nodes]
     if unknown:
-        raise CliError(f"--node: unknown node(s) {', '.join(unknown)}")
+        raise UsageError(f"--node: unknown node(s) {', '.join(unknown)}")
     return [n for n in cluster.nodes if n in wanted]
 
 
@@ -201,34 +203,79 @@ def _without_gc_pauses() -> Iterator[None]:
             gc.enable()
 
 
+def _cluster_access(args: argparse.Namespace) -> ClusterAccess | None:
+    """Where the cluster is, found as kubectl finds it; ``None`` with ``--simulate``."""
+    if args.simulate:
+        if args.kubeconfig or args.context:
+            raise UsageError("--simulate reads no cluster: give it, or --kubeconfig/--context")
+        return None
+    try:
+        return resolve(args.kubeconfig, context=args.context, namespace=args.namespace)
+    except KubeconfigError as exc:
+        raise UsageError(f"{exc} (or explain on simulated nodes: --simulate PROFILE)") from exc
+
+
+def _default_namespace(documents: list[Any], namespace: str | None) -> None:
+    """Claims, templates and pods that name no namespace get this one, as kubectl apply -n."""
+    if not namespace:
+        return
+    for obj in objects(documents):
+        if obj.get("kind") in ("ResourceClaim", "ResourceClaimTemplate") or pod_spec(obj):
+            meta = obj.get("metadata")
+            if isinstance(meta, dict) and not meta.get("namespace"):
+                meta["namespace"] = namespace
+
+
+def _node_lines(explanation: Explanation) -> list[str]:
+    """``-o wide``: every node's outcome, one row each."""
+    rows = []
+    for allocation in explanation.allocations:
+        devices = ", ".join(f"{item['request']} -> {item['device']}"
+                            for result in allocation.results or []
+                            for item in result["devices"]["results"])
+        outcome = devices if allocation.allocatable else (
+            allocation.error or allocation.blocking or "not allocatable")
+        rows.append([allocation.node, "yes" if allocation.allocatable else "no", outcome])
+    return ["  " + line for line in table(["NODE", "FITS", "DEVICES OR REASON"], rows)]
+
+
+def print_explanations(explanations: list[Explanation], fmt: str) -> None:
+    if fmt in ("json", "yaml"):
+        document: Mapping[str, Any] = (to_json(explanations[0]) if len(explanations) == 1
+                                       else {"items": [to_json(e) for e in explanations]})
+        emit(document, fmt)
+        return
+    for i, explanation in enumerate(explanations):
+        if i:
+            sys.stdout.write("\n")
+        lines = render_table(explanation)
+        if fmt == "wide":
+            lines[-1:-1] = _node_lines(explanation)
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
-    documents = read_documents(args.file)
-    if bool(args.simulate) == bool(args.kubeconfig):
-        raise CliError("give exactly one of --simulate PROFILE or --kubeconfig PATH")
-    _refuse_invalid(args.file, documents, args.driver_name)
+    inputs = [(path, read_documents(path)) for path in manifests.expand(args.files)]
+    documents = [document for _, docs in inputs for document in docs]
+    access = _cluster_access(args)
+    _default_namespace(documents, access.namespace if access else args.namespace)
+    for path, docs in inputs:
+        _refuse_invalid(path, docs, args.driver_name)
     try:
         found, class_docs = subjects(documents)
     except ExplainError as exc:
-        raise CliError(f"{args.file}: {exc}") from exc
-    cluster = simulated_cluster(args) if args.simulate else cluster_from_kubeconfig(
-        args.kubeconfig)
+        raise UsageError(f"{', '.join(str(p) for p, _ in inputs)}: {exc}") from exc
+    cluster = simulated_cluster(args) if access is None else cluster_from_kubeconfig(access)
     nodes = _selected_nodes(cluster, args.node)
+    classes = _with_overrides(cluster.device_classes, class_docs)
+    # Again, now that the cluster's classes say which extended resources DRA provides.
+    found, _ = subjects(documents, classes)
     with _without_gc_pauses():
-        allocator = Allocator(cluster.slices,
-                              _with_overrides(cluster.device_classes, class_docs),
-                              cluster.allocations)
+        allocator = Allocator(cluster.slices, classes, cluster.allocations)
         try:
-            explanations = [explain(s, allocator, nodes, cluster.labels) for s in found]
+            explanations = [explain(s, allocator, nodes, cluster.labels,
+                                    driver=args.driver_name) for s in found]
         except ExplainError as exc:
             raise CliError(str(exc)) from exc
-    if args.output == "json":
-        document: Mapping[str, Any] = (to_json(explanations[0]) if len(explanations) == 1
-                                       else {"items": [to_json(e) for e in explanations]})
-        json.dump(document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        for i, explanation in enumerate(explanations):
-            if i:
-                sys.stdout.write("\n")
-            sys.stdout.write("\n".join(render_table(explanation)) + "\n")
-    return 0 if all(e.allocatable for e in explanations) else 1
+    print_explanations(explanations, args.output)
+    return 0 if all(e.ok for e in explanations) else 1

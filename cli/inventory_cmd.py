@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any, TextIO
-
-import yaml
 
 from gpudra.api.quantity import format_quantity
 from gpudra.cli.options import (
     CliError,
     add_driver_flags,
     add_simulation_flags,
+    check_simulate_profile,
     feature_gates,
     node_name,
     nvml_session,
+)
+from gpudra.cli.output import (
+    EXIT_STATUS_HELP,
+    STRUCTURED,
+    UsageError,
+    add_output_flag,
+    emit,
+    table,
 )
 from gpudra.controller.slice_validation import SliceValidationError, ensure_valid
 from gpudra.controller.slices import build_slices, slice_list
@@ -24,70 +32,147 @@ from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.devices import Device, NodeDevices
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
 
+# Beyond this many devices (a DGX with dynamic MIG publishes 208), the default table lists
+# the GPUs and existing MIG devices and sums up the MIG devices that would be made on demand.
+BIG_NODE = 64
+TYPES = ("gpu", "mig")
+
 
 def add_parser(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "inventory", help="print this node's GPUs as DRA devices or ResourceSlices",
         description="Read the node's GPUs (real NVML, or --simulate PROFILE) and print the "
-                    "DRA devices the driver would publish.")
+                    "DRA devices the driver would publish: a table, or the ResourceSlices "
+                    "(-o json|yaml, ready for kubectl apply).",
+        epilog=EXIT_STATUS_HELP)
     add_driver_flags(parser)
     add_simulation_flags(parser)
-    parser.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table",
-                        help="table of devices (default), or the ResourceSlices as a List")
+    add_output_flag(parser, "the node's ResourceSlices as a List, whole")
+    parser.add_argument("--gpu", action="append", metavar="N|UUID",
+                        help="only the devices of this GPU: N as in the device names (gpu-N), "
+                             "or its UUID (repeatable)")
+    parser.add_argument("--type", choices=TYPES, help="only full GPUs, or only MIG devices")
+    parser.add_argument("--all", action="store_true",
+                        help=f"every device, also on nodes with more than {BIG_NODE} (where "
+                             "the table sums up the MIG devices made on demand)")
     parser.set_defaults(run=run)
 
 
 def collect_devices(args: argparse.Namespace) -> NodeDevices:
-    gates = feature_gates(args)
+    try:  # a bad flag value: a usage error (exit status 2) for the commands that print
+        gates = feature_gates(args)
+        check_simulate_profile(args)
+    except CliError as exc:
+        raise UsageError(str(exc)) from exc
     with nvml_session(args) as nvml:
         resolver = simulated_pcie_root if args.simulate else sysfs_pcie_root
         inventory = read_inventory(nvml, pcie_root=resolver)
+    for gpu in inventory.unavailable:  # one bad GPU leaves out that GPU, not the node
+        name = f"GPU {gpu.index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
+        print(f"gpudra inventory: warning: {name} is left out: {gpu.reason}", file=sys.stderr)
     return build_devices(inventory, ModelOptions(dynamic_mig=gates.enabled("DynamicMIG")))
 
 
 def run(args: argparse.Namespace) -> int:
+    filtered = bool(args.gpu or args.type or args.all)
+    if filtered and args.output in STRUCTURED:
+        raise UsageError("--gpu, --type and --all choose table rows; -o json|yaml prints the "
+                         "node's ResourceSlices whole")
     devices = collect_devices(args)
-    if args.output == "table":
-        print_table(devices, sys.stdout)
+    if args.output in ("table", "wide"):
+        wanted = select(devices, gpus=args.gpu or (), kind=args.type)
+        summarise = not filtered and len(devices.devices) > BIG_NODE
+        print_table(devices, wanted, sys.stdout, wide=args.output == "wide",
+                    summarise=summarise)
         return 0
     slices = build_slices(devices, driver=args.driver_name, node_name=node_name(args))
     try:
         ensure_valid(slices)
     except SliceValidationError as exc:  # a bug in the driver, not user input
         raise CliError(f"refusing to print invalid slices: {exc}") from exc
-    document = slice_list(slices)
-    if args.output == "json":
-        json.dump(document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        yaml.safe_dump(document, sys.stdout, sort_keys=False)
+    emit(slice_list(slices), args.output)
     return 0
 
 
-def _row(device: Device) -> list[str]:
+def _gpu_uuids(devices: NodeDevices) -> dict[str, str]:
+    """Group (gpu-N) → the GPU's UUID, from the full GPU or any of its MIG devices."""
+    uuids: dict[str, str] = {}
+    for device in devices.devices:
+        uuid = device.attributes.get("uuid" if device.type == "gpu" else "parentUUID")
+        if isinstance(uuid, str):
+            uuids.setdefault(device.group, uuid)
+    return uuids
+
+
+def select(devices: NodeDevices, *, gpus: Sequence[str] = (),
+           kind: str | None = None) -> list[Device]:
+    """The devices of these GPUs (number or UUID) and this type; an unknown GPU: UsageError."""
+    groups: set[str] = set()
+    uuids = _gpu_uuids(devices)
+    by_uuid = {uuid.lower(): group for group, uuid in uuids.items()}
+    for gpu in gpus:
+        group = f"gpu-{gpu}" if gpu.isdigit() else by_uuid.get(gpu.lower())
+        if group not in devices.groups:
+            known = ", ".join(devices.groups) or "none"
+            raise UsageError(f"--gpu {gpu}: no such GPU on this node (GPUs: {known})")
+        groups.add(group)
+    return [d for d in devices.devices
+            if (not groups or d.group in groups) and (kind is None or d.type == kind)]
+
+
+def _dynamic(device: Device) -> bool:
+    """A MIG device the driver would create on demand (it has no UUID yet)."""
+    return device.type == "mig" and "uuid" not in device.attributes
+
+
+def _row(device: Device, wide: bool) -> list[str]:
     attrs = device.attributes
     kind = device.type
     what = str(attrs.get("profile") if kind == "mig" else attrs.get("productName", ""))
     ident = str(attrs.get("uuid") or f"parent {attrs.get('parentUUID', '')}")
     memory = device.capacity.get("memory")
-    return [
+    row = [
         device.name,
-        kind + ("" if kind != "mig" or "uuid" in attrs else " (dynamic)"),
+        kind + (" (dynamic)" if _dynamic(device) else ""),
         what,
         format_quantity(memory) if memory is not None else "-",
         str(attrs.get("numaNode", "-")),
         str(attrs.get("nvlinkDomain", "-")),
-        ident,
     ]
+    if wide:
+        taints = ",".join(f"{t.key}={t.value}:{t.effect}" for t in device.taints)
+        row += [
+            str(device.capacity.get("multiprocessors", "-")),
+            str(attrs.get("architecture", "-")),
+            str(attrs.get("cudaComputeCapability", "-")),
+            str(attrs.get("resource.kubernetes.io/pciBusID", "-")),
+        ]
+        return [*row, ident, taints or "-"]
+    return [*row, ident]
 
 
-def print_table(devices: NodeDevices, out: TextIO) -> None:
-    header = ["DEVICE", "TYPE", "PRODUCT/PROFILE", "MEMORY", "NUMA", "NVLINK", "UUID"]
-    rows = [_row(d) for d in devices.devices]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        out.write("\n")
+def _summary(hidden: Sequence[Device]) -> str:
+    counts = set(Counter(d.group for d in hidden).values())
+    each = f"{counts.pop()} per GPU, " if len(counts) == 1 else ""
+    profiles = sorted({str(d.attributes.get("profile")) for d in hidden})
+    span = profiles[0] if len(profiles) == 1 else f"{profiles[0]} … {profiles[-1]}"
+    return (f"+ {len(hidden)} MIG devices made on demand ({each}profiles {span}): "
+            "--type mig or --all lists them")
+
+
+def print_table(devices: NodeDevices, wanted: Sequence[Device], out: TextIO, *,
+                wide: bool = False, summarise: bool = False) -> None:
+    header = ["DEVICE", "TYPE", "PRODUCT/PROFILE", "MEMORY", "NUMA", "NVLINK"]
+    if wide:
+        header += ["SMS", "ARCH", "CC", "PCI BUS"]
+    header += ["UUID", "TAINTS"] if wide else ["UUID"]
+    hidden = [d for d in wanted if _dynamic(d)] if summarise else []
+    shown = [d for d in wanted if not (summarise and _dynamic(d))]
+    for line in table(header, [_row(d, wide) for d in shown]):
+        out.write(line + "\n")
+    if hidden:
+        out.write(_summary(hidden) + "\n")
     gpus = len(devices.groups)
-    out.write(f"\n{len(devices.devices)} devices on {gpus} GPU{'s' if gpus != 1 else ''}, "
+    listed = "" if len(wanted) == len(devices.devices) else f"{len(wanted)} of "
+    out.write(f"\n{listed}{len(devices.devices)} devices on {gpus} GPU{'s' if gpus != 1 else ''}, "
               f"{len(devices.counter_sets)} shared counter sets\n")

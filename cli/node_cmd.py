@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import math
 import signal
 from pathlib import Path
 from typing import Any
 
-from gpudra.cli.logs import LogFormat, configure_logging
+import structlog
+
+from gpudra.cli.logs import LogFormat, configure_logging, fatal_line, resolve_format
 from gpudra.cli.options import (
     CliError,
     add_driver_flags,
@@ -22,11 +23,19 @@ from gpudra.cli.options import (
     feature_gates,
     node_name,
 )
+from gpudra.cli.version import version
+from gpudra.driver.featuregates import DEFAULTS as GATES
 from gpudra.driver.health import DEFAULT_QUIET_PERIOD, HealthPolicy, parse_xids
 from gpudra.kubeletplugin.daemon import DaemonError, serve
 from gpudra.kubeletplugin.node_config import NodeConfig
 
+log = structlog.get_logger("gpudra.node")
+
+FATAL_EVENT = "gpudra node failed"
+"""The ``event`` of the one JSON line a fatal error is, under ``--log-format json``."""
 LOG_FORMATS: tuple[LogFormat, ...] = ("json", "console", "auto")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_REGISTRATION_TIMEOUT = 30.0
 
 
 def add_parser(sub: Any) -> None:
@@ -54,6 +63,17 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--host-driver-root", type=Path, default=env("HOST_DRIVER_ROOT"),
                         help="the same root as the host sees it, for CDI paths "
                              "(env HOST_DRIVER_ROOT; default --driver-root)")
+    parser.add_argument("--dev-root", type=Path, default=env("DEV_ROOT"),
+                        help="where the NVIDIA device nodes (dev/) and proc/ are, as this "
+                             "process sees it (env DEV_ROOT; default /, or a generated root "
+                             "when simulating)")
+    parser.add_argument("--host-dev-root", type=Path, default=env("HOST_DEV_ROOT"),
+                        help="the same root as the host sees it (env HOST_DEV_ROOT; default "
+                             "--dev-root)")
+    parser.add_argument("--cdi-hook-path", default=env("NVIDIA_CDI_HOOK_PATH"),
+                        help="host path of nvidia-cdi-hook (or nvidia-ctk) for CDI hooks "
+                             "(env NVIDIA_CDI_HOOK_PATH; default: searched under the driver "
+                             "root)")
     parser.add_argument("--pod-uid", default=env("POD_UID"),
                         help="this pod's UID: per-pod socket names for rolling updates "
                              "(env POD_UID)")
@@ -62,7 +82,14 @@ def add_parser(sub: Any) -> None:
                              "empty disables)")
     parser.add_argument("--log-format", choices=LOG_FORMATS,
                         default=env("LOG_FORMAT", "json"), help="env LOG_FORMAT")
-    parser.add_argument("--log-level", default=env("LOG_LEVEL", "info"), help="env LOG_LEVEL")
+    parser.add_argument("--log-level", type=_level_name, choices=LOG_LEVELS,
+                        default=env("LOG_LEVEL", "info"), help="env LOG_LEVEL")
+    parser.add_argument("--registration-timeout", metavar="SECONDS",
+                        default=env("REGISTRATION_TIMEOUT", ""),
+                        help="ResourceSlices are published once the kubelet has registered "
+                             "the plugin; after this many seconds without it, say so in the "
+                             "log and /readyz, and go on waiting (env REGISTRATION_TIMEOUT; "
+                             f"default {DEFAULT_REGISTRATION_TIMEOUT:g})")
     parser.add_argument("--additional-xids-to-ignore",
                         default=env("ADDITIONAL_XIDS_TO_IGNORE", ""),
                         help="comma-separated XIDs treated as application faults (taint effect "
@@ -72,8 +99,9 @@ def add_parser(sub: Any) -> None:
                         help="seconds without a new critical XID after which a GPU's XID taint "
                              f"clears; 0 keeps taints until restart (env XID_QUIET_PERIOD; "
                              f"default {DEFAULT_QUIET_PERIOD:g})")
-    parser.add_argument("--shutdown-grace", type=float, default=10.0,
-                        help="seconds in-flight calls may take to finish at shutdown")
+    parser.add_argument("--shutdown-grace", type=float, default=env("SHUTDOWN_GRACE", "10"),
+                        help="seconds in-flight calls may take to finish at shutdown "
+                             "(env SHUTDOWN_GRACE; default 10)")
     parser.set_defaults(run=run)
 
 
@@ -85,9 +113,13 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         health=_health_policy(args), kubeconfig=args.kubeconfig or None,
         registrar_dir=args.registrar_dir, plugins_dir=args.plugins_dir,
         cdi_root=args.cdi_root, driver_root=args.driver_root,
-        host_driver_root=args.host_driver_root, simulate=args.simulate or None,
+        host_driver_root=args.host_driver_root, dev_root=args.dev_root,
+        host_dev_root=args.host_dev_root, cdi_hook_path=args.cdi_hook_path or None,
+        simulate=args.simulate or None,
         sim_state=args.sim_state, pod_uid=args.pod_uid or None,
-        http_address=_http_address(args.http_address), shutdown_grace=args.shutdown_grace)
+        http_address=_http_address(args.http_address),
+        registration_timeout=_registration_timeout(args.registration_timeout),
+        shutdown_grace=args.shutdown_grace)
 
 
 def _health_policy(args: argparse.Namespace) -> HealthPolicy:
@@ -114,6 +146,20 @@ def _quiet_period(text: str) -> float | None:
     return seconds or None
 
 
+def _registration_timeout(text: str) -> float:
+    """Seconds > 0; empty: the default."""
+    if not text.strip():
+        return DEFAULT_REGISTRATION_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise CliError(f"--registration-timeout (env REGISTRATION_TIMEOUT): {text!r}: need "
+                       "a number of seconds > 0")
+    return seconds
+
+
 def _http_address(text: str) -> tuple[str, int] | None:
     """``host:port`` (an empty host or a bare port: every interface); empty: disabled."""
     if not text:
@@ -124,31 +170,55 @@ def _http_address(text: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def _level_name(text: str) -> str:
+    """Case-insensitive; ``warn`` is ``warning``, as for the logging module."""
+    name = text.strip().lower()
+    return "warning" if name == "warn" else name
+
+
 def _log_settings(args: argparse.Namespace) -> tuple[LogFormat, str]:
     # The environment fallbacks bypass argparse's own choices check.
     fmt = args.log_format
     if fmt not in LOG_FORMATS:
         raise CliError(f"--log-format (env LOG_FORMAT): {fmt!r} is not one of "
                        f"{', '.join(LOG_FORMATS)}")
-    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
-        raise CliError(f"--log-level (env LOG_LEVEL): unknown level {args.log_level!r}")
-    return fmt, args.log_level
+    level = _level_name(args.log_level)
+    if level not in LOG_LEVELS:
+        raise CliError(f"--log-level (env LOG_LEVEL): unknown level {args.log_level!r} "
+                       f"(choose from {', '.join(LOG_LEVELS)})")
+    return fmt, level
 
 
 def run(args: argparse.Namespace) -> int:
-    config = node_config(args)
-    fmt, level = _log_settings(args)
-    configure_logging(fmt=fmt, level=level)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
-
+    """Run the daemon; exit status 1 after a fatal error, reported as one line: the log's
+    format when it is ``json`` (one JSON object), else ``gpudra node: <error>``."""
+    fmt, level = _log_settings(args)  # a bad one is a plain line: no format to use yet
+    effective = resolve_format(fmt)
     try:
+        config = node_config(args)
+        configure_logging(fmt=effective, level=level)
+        log.info("starting node daemon", version=version(), node=config.node_name,
+                 driver=config.driver_name, simulate=config.simulate,
+                 feature_gates={name: config.gates.enabled(name) for name in GATES})
+        for note in config.gates.notes:  # NVIDIA's gate names: deprecated or ignored
+            log.warning(note)
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await serve(config, stop)
+
         asyncio.run(main())
-    except DaemonError as exc:
-        raise CliError(str(exc)) from exc
+    except (CliError, DaemonError) as exc:
+        if effective != "json":
+            raise CliError(str(exc)) from exc
+        fatal_line(FATAL_EVENT, error=str(exc))
+        return 1
+    except Exception as exc:  # a bug: its traceback, inside the one JSON line
+        if effective != "json":
+            raise
+        fatal_line(FATAL_EVENT, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+        return 1
     return 0

@@ -1,7 +1,9 @@
-"""``gpudra sim``: fault injection on a simulated GPU node (XIDs, lost GPUs).
+"""``gpudra sim``: fault injection on a simulated GPU node (XIDs, lost GPUs) and hardware
+changes between daemon runs (GPUs pulled out, put back, replaced).
 
 Works from any process on the node's state directory, including while a daemon runs on
-it: the daemon's XID watcher sees the event within milliseconds.
+it: the daemon's XID watcher sees the event within milliseconds. To swap the whole node,
+start the daemon with another ``--simulate`` profile on the same state directory.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from gpudra.driver.sim import SimControl
 def add_parser(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "sim", help="inject faults into a simulated GPU node",
-        description="Raise XID errors or lose GPUs on a simulated node (gpudra node "
-                    "--simulate PROFILE --sim-state DIR), from any process.")
+        description="Raise XID errors, lose GPUs or change the GPUs of a simulated node "
+                    "(gpudra node --simulate PROFILE --sim-state DIR), from any process. "
+                    "--gpu is the GPU's slot (its minor number), which stays put when "
+                    "another GPU is removed.")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     xid = actions.add_parser("xid", help="raise an XID critical error on a GPU or MIG device")
@@ -33,6 +37,18 @@ def add_parser(sub: Any) -> None:
     _add_target_flags(lost)
     lost.add_argument("--recover", action="store_true", help="the GPU answers NVML again")
     lost.set_defaults(run=run_gpu_lost)
+
+    for name, help_text in _HARDWARE_CHANGES.items():
+        change = actions.add_parser(name, help=help_text)
+        _add_target_flags(change)
+        change.set_defaults(run=run_hardware_change, change=name)
+
+
+_HARDWARE_CHANGES = {
+    "remove-gpu": "pull a GPU out of its slot (NVML stops enumerating it)",
+    "insert-gpu": "put a removed GPU back, as it was",
+    "replace-gpu": "put a new GPU of the same model in the slot (a new UUID, MIG off)",
+}
 
 
 def _add_target_flags(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +89,7 @@ def _gpu_uuid(control: SimControl, index: int) -> str:
     gpus = control.node.gpus
     if not 0 <= index < len(gpus):
         raise CliError(f"--gpu: no GPU {index} on this {len(gpus)}-GPU node")
-    return gpus[index].uuid
+    return control.gpu_uuid(index)
 
 
 def run_xid(args: argparse.Namespace) -> int:
@@ -91,7 +107,28 @@ def run_xid(args: argparse.Namespace) -> int:
 def run_gpu_lost(args: argparse.Namespace) -> int:
     control = _control(args)
     uuid = _gpu_uuid(control, args.gpu)
-    control.set_gpu_lost(args.gpu, not args.recover)
+    try:
+        control.set_gpu_lost(args.gpu, not args.recover)
+    except ValueError as exc:
+        raise CliError(f"--gpu: {exc}") from exc
     state = "answers NVML again" if args.recover else "is lost (GPU_IS_LOST)"
     print(f"GPU {args.gpu} ({uuid}) {state}")
+    return 0
+
+
+def run_hardware_change(args: argparse.Namespace) -> int:
+    control = _control(args)
+    before = _gpu_uuid(control, args.gpu)
+    change = {"remove-gpu": control.remove_gpu, "insert-gpu": control.insert_gpu,
+              "replace-gpu": control.replace_gpu}[args.change]
+    try:
+        change(args.gpu)
+    except ValueError as exc:
+        raise CliError(f"--gpu: {exc}") from exc
+    if args.change == "remove-gpu":
+        print(f"GPU {args.gpu} ({before}) removed")
+    elif args.change == "insert-gpu":
+        print(f"GPU {args.gpu} ({before}) is back in its slot")
+    else:
+        print(f"GPU {args.gpu}: {before} replaced by {control.gpu_uuid(args.gpu)}")
     return 0

@@ -15,7 +15,13 @@ from typing import Any
 
 import structlog
 
-from gpudra.api.configs import TIME_SLICE_VALUES, GpuConfig, MigDeviceConfig, MpsConfig
+from gpudra.api.configs import (
+    TIME_SLICE_VALUES,
+    ConfigError,
+    GpuConfig,
+    MigDeviceConfig,
+    MpsConfig,
+)
 from gpudra.driver import metrics
 from gpudra.driver.checkpoint_model import (
     Checkpoint,
@@ -27,7 +33,7 @@ from gpudra.driver.checkpoint_model import (
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.commands import CommandError, CommandRunner, set_time_slice
 from gpudra.driver.faults import crash_point
-from gpudra.driver.mps import MpsManager
+from gpudra.driver.mps import MpsClaim, MpsManager, commands_for
 from gpudra.driver.nvml import (
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
@@ -223,12 +229,18 @@ class ClaimHardware:
                 mps_config = sharing.mps_config or mps_config
         if mps_uuids:
             assert self.mps is not None  # refused in preflight otherwise
-            # Record before starting, so a crash mid-start is rolled back (daemon stopped).
-            restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids}
+            try:
+                mps_commands = commands_for(mps_config, mps_uuids)
+            except ConfigError as exc:  # a per-device limit keyed by an index out of range
+                raise ClaimError(f"claim {plan.claim.ref}: {exc}") from exc
+            # Record before starting, so a crash mid-start is rolled back (daemon stopped);
+            # the commands too, so start-up can restart a daemon that died with its config.
+            restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids,
+                              "commands": mps_commands}
             record = record.model_copy(update={"devices": list(devices), "restore": dict(restore)})
             progress.append(record)
             persist(record)
-            self.mps.start(plan.claim.uid, mps_uuids, mps_config)
+            self.mps.start(plan.claim.uid, mps_uuids, mps_commands)
         crash_point("prepare:after-settings")
         return record.model_copy(update={"devices": devices, "restore": restore})
 
@@ -291,10 +303,19 @@ class ClaimHardware:
 
     # --- undo ------------------------------------------------------------------------------
 
-    def undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
+    def undo(self, record: ClaimRecord, cp: Checkpoint) -> dict[str, str]:
         """Restore settings and destroy the MIG devices we created (the CDI spec is the
-        caller's)."""
+        caller's).
+
+        A GPU that is gone (removed, replaced, or lost) has nothing to put back: its steps
+        are skipped and it is returned (UUID → why), so the caller can say so; everything
+        else is undone as usual.
+        """
+        gone = self._gone_gpus(record)
+        parent_of = {str(d.uuid): str(d.parent_uuid or d.uuid) for d in record.devices if d.uuid}
         for uuid, mode in (record.restore.get("computeMode") or {}).items():
+            if parent_of.get(uuid, uuid) in gone:
+                continue
             try:
                 self.nvml.set_compute_mode(uuid, int(mode))
             except NvmlError as exc:
@@ -303,7 +324,7 @@ class ClaimHardware:
         if record.restore.get("mps") and self.mps is not None:
             self.mps.stop(record.uid)
         for uuid, value in (record.restore.get("timeSlice") or {}).items():
-            if self.commands is not None:
+            if self.commands is not None and uuid not in gone:
                 set_time_slice(self.commands, uuid, int(value))
         crash_point("unprepare:after-settings-restored")
         owned = _owned_elsewhere(cp, record.uid)
@@ -312,14 +333,28 @@ class ClaimHardware:
                        (record.restore.get("preexistingMig") or {}).items()}
         for device in record.devices:
             mig = device.mig
-            if mig is None or mig.profile_id < 0:
-                continue  # static MIG: never ours to destroy
+            if mig is None or mig.profile_id < 0 or mig.parent_uuid in gone:
+                continue  # static MIG is never ours to destroy; a gone GPU has nothing
             parents.add(mig.parent_uuid)  # MIG mode may have been turned on for it
             if mig.created:
                 self._destroy(mig, owned, preexisting.get(mig.parent_uuid, set()))
         crash_point("unprepare:after-mig-destroy")
         for parent in parents:
             self.restore_mig_mode(parent, cp)
+        return gone
+
+    def _gone_gpus(self, record: ClaimRecord) -> dict[str, str]:
+        """The GPUs undoing ``record`` would touch that are not there or do not answer.
+
+        Asked only for GPUs with something to undo, so a plain full-GPU claim costs nothing.
+        """
+        touched = {str(d.parent_uuid or d.uuid) for d in record.devices
+                   if (d.uuid or d.parent_uuid)
+                   and (d.uuid in (record.restore.get("computeMode") or {})
+                        or d.uuid in (record.restore.get("timeSlice") or {})
+                        or (d.mig is not None and d.mig.profile_id >= 0))}
+        return {gpu: reason for gpu in sorted(touched)
+                if (reason := self.nvml.why_unavailable(gpu)) is not None}
 
     def _destroy(
         self, mig: MigRecord, owned: set[tuple[str, int, int]], preexisting: set[int]
@@ -361,6 +396,18 @@ class ClaimHardware:
             log.warning("could not disable MIG mode", gpu=parent, error=str(exc))
         else:
             log.info("disabled MIG mode", gpu=parent)
+
+    def mps_claims(self, cp: Checkpoint) -> dict[str, MpsClaim]:
+        """Prepared claims that run an MPS daemon, with what it takes to start it again."""
+        claims = {}
+        for record in cp.completed().values():
+            mps = record.restore.get("mps")
+            if mps:
+                commands = mps.get("commands")  # absent in records of older versions
+                claims[record.uid] = MpsClaim(
+                    ref=record.ref, uuids=tuple(mps.get("uuids") or ()),
+                    commands=None if commands is None else tuple(commands))
+        return claims
 
     def safe_instances(self, parent: str) -> list[MigInstance]:
         """The GPU's MIG devices; none (with a warning) when NVML cannot list them."""

@@ -41,7 +41,7 @@ MIG: Final = "mig"
 _COMMON_ATTRIBUTES: Final[Mapping[str, type[AttributeValue]]] = {
     "type": str, "uuid": str, "productName": str, "brand": str, "architecture": str,
     "cudaComputeCapability": Version, "driverVersion": Version, "cudaDriverVersion": Version,
-    "numaNode": int, PCI_BUS_ID: str, PCIE_ROOT: str,
+    "numaNode": int, PCI_BUS_ID: str, PCIE_ROOT: str, "addressingMode": str,
 }
 PUBLISHED_ATTRIBUTES: Final[Mapping[str, Mapping[str, type[AttributeValue]]]] = {
     GPU: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
@@ -108,6 +108,8 @@ def _common_attributes(inv: NodeInventory, gpu: GpuRecord) -> dict[str, Attribut
         attrs[PCIE_ROOT] = gpu.pcie_root
     if probe.numa_node is not None:
         attrs["numaNode"] = probe.numa_node
+    if probe.addressing_mode is not None:  # NVIDIA's too: only where NVML answers
+        attrs["addressingMode"] = probe.addressing_mode
     if gpu.nvlink_domain is not None:
         attrs["nvlinkDomain"] = gpu.nvlink_domain
     return attrs

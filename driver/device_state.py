@@ -38,9 +38,11 @@ from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.claim_hardware import ClaimHardware, planned_device, touches_hardware
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.commands import CommandError, CommandRunner
-from gpudra.driver.driver_root import DriverRoot
+from gpudra.driver.device_model import ModelOptions
+from gpudra.driver.driver_root import DriverRoot, uses_video
 from gpudra.driver.faults import crash_point, delay_point
 from gpudra.driver.gpu_locks import GpuLocks, GpuLockTimeout
+from gpudra.driver.inventory import NodeInventory
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlError
 from gpudra.driver.prepare_plan import (
@@ -52,7 +54,7 @@ from gpudra.driver.prepare_plan import (
     StaticMigTarget,
     plan_claim,
 )
-from gpudra.driver.reconcile import ReconcileReport, reconcile
+from gpudra.driver.reconcile import ReconcileReport, clean_up_gpu, reconcile
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +96,10 @@ class DeviceState:
                                       compute_modes=compute_modes)
         self._lock_timeout = lock_timeout
         self.gpu_locks = GpuLocks(store.directory / "gpu-locks")
+        self.inventory: NodeInventory | None = None
+        """What ``index`` was built from, with ``model_options``, when the node set it: GPUs
+        that could not be read are in ``inventory.unavailable``, to add once they answer."""
+        self.model_options = ModelOptions()
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -271,8 +277,11 @@ class DeviceState:
             cp = with_claim(cp, record)
             specs = [self._cdi_device(claim.uid, step, device)
                      for step, device in zip(plan.steps, record.devices, strict=True)]
+            published = self.index.devices.by_name()
+            video = uses_video(published[s.allocated.device] for s in plan.steps
+                               if s.allocated.device in published)
             spec = cdi.build_claim_spec(driver=self.driver, claim_uid=claim.uid, devices=specs,
-                                        common=self.driver_root.common_edits())
+                                        common=self.driver_root.common_edits(video=video))
             cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid)
             crash_point("prepare:after-cdi-write")
         except (NvmlError, cdi.CdiError, ClaimError, CommandError, OSError) as exc:
@@ -339,7 +348,11 @@ class DeviceState:
 
     def _undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
         """Put the hardware back, then remove the CDI spec."""
-        self.hardware.undo(record, cp)
+        gone = self.hardware.undo(record, cp)
+        for gpu, reason in gone.items():
+            # Nothing to put back on a GPU that is not there; the claim is released anyway.
+            log.warning("GPU is gone: left as it is while releasing the claim", claim=record.ref,
+                        gpu=gpu, reason=reason)
         cdi.remove_spec(self.cdi_root, self.driver, record.uid)
         crash_point("unprepare:after-cdi-remove")
 
@@ -355,6 +368,15 @@ class DeviceState:
                 self.store.locked(self._lock_timeout):
             return reconcile(self.store, self.hardware, undo=self._undo,
                              cdi_root=self.cdi_root, driver=self.driver)
+
+    def clean_up_gpus(self, gpus: Iterable[str]) -> list[str]:
+        """For GPUs that answer again after start-up: what start-up reconciliation does on
+        each (leaked MIG devices destroyed, MIG mode put back); the MIG UUIDs destroyed."""
+        wanted = sorted(set(gpus))
+        with self.gpu_locks.hold(set(wanted), self._lock_timeout), \
+                self.store.locked(self._lock_timeout):
+            cp = self.store.load()
+            return [uuid for gpu in wanted for uuid in clean_up_gpu(self.hardware, cp, gpu)]
 
 
 def _physical_holders(

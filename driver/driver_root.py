@@ -1,20 +1,37 @@
-"""What an NVIDIA driver installation offers under its root: device nodes, libraries, binaries.
+"""What an NVIDIA driver installation offers containers: device nodes, libraries, binaries,
+firmware and the hooks that finish the libraries' setup.
 
-The driver root is ``/`` or where a driver container installed the driver (e.g.
-``/run/nvidia/driver``). :data:`LIBRARY_DIRS` is the one list of places searched for its
-libraries: loading NVML, the ``LD_LIBRARY_PATH`` of host commands and the CDI mounts all
-use it, so a root one of them understands, all of them do.
+Two roots, as NVIDIA's driver has them. The *driver root* holds libraries and binaries: ``/``,
+a driver container's tree (``/run/nvidia/driver``) or GKE's ``/home/kubernetes/bin/nvidia``
+(``lib64/``, ``bin/``, no ``dev/``). The *device root* holds ``dev/`` and ``proc/``, where the
+kernel module shows itself: ``/`` on every common layout. :data:`LIBRARY_DIRS` is the one list
+of places searched for libraries: loading NVML, host commands and the CDI mounts all use it.
+
+Discoveries are cached and checked against the directories' identity (a few ``stat`` calls)
+on every use, so a driver upgraded or reloaded under a running daemon is found again.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
-from gpudra.driver.cdi import CdiError, ContainerEdits, DeviceNode, Mount
+import structlog
+
+from gpudra.driver.cdi import CdiError, ContainerEdits, DeviceNode, Hook, Mount
+from gpudra.driver.cdi_hooks import (
+    HOOK_DIRS,
+    find_hook_binary,
+    given_hook_binary,
+    library_hooks,
+    missing_hook_message,
+)
+from gpudra.driver.devices import Device
+from gpudra.driver.host_tree import HostTree, identity
+
+log = structlog.get_logger(__name__)
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 REQUIRED_CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
@@ -42,12 +59,17 @@ LIBRARIES = (
     "libnvidia-allocator.so.1",
     "libnvidia-gpucomp.so.*",
 )
+# Decode, encode and optical flow: for devices with media engines (see uses_video).
+VIDEO_LIBRARIES = ("libnvcuvid.so.1", "libnvidia-encode.so.1", "libnvidia-opticalflow.so.1")
 REQUIRED_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 BINARY_DIRS = ("usr/bin", "usr/local/bin", "usr/sbin", "bin", "sbin")
-BINARIES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
-            "nvidia-persistenced")
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
+            "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+# GSP firmware, by driver version; containers see it at /lib/firmware/nvidia/<version>.
+FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia", "firmware/nvidia")
+C_LIBRARY = "libc.so.6"
 READ_ONLY_BIND = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-_SYMLINK_HOPS = 40
+_VERSIONED_BY = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 
 def mig_capability_minors(gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
@@ -56,43 +78,117 @@ def mig_capability_minors(gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
     return gi_access, gi_access + 1 + ci
 
 
+def uses_video(devices: Iterable[Device]) -> bool:
+    """Whether a claim's containers get the media libraries: a full GPU, or a MIG device
+    that publishes decoders or encoders (NVIDIA leaves them out otherwise)."""
+    return any(d.type == "gpu" or d.capacity.get("decoders", 0) or d.capacity.get("encoders", 0)
+               for d in devices)
+
+
 class DriverRoot:
     """What containers need from an NVIDIA driver installation, found once and cached.
 
-    ``root`` is the driver root as the host (and so the container runtime) sees it:
-    ``/`` or e.g. ``/run/nvidia/driver``; ``container_root`` is where this process sees the
-    same tree when it differs. Container paths are the root-relative paths.
+    ``root`` is the driver root as the host sees it; ``container_root`` is where this process
+    sees the same tree when it differs. ``dev_root``/``dev_container_root`` are the same pair
+    for the device root; without them device nodes are looked for under the driver root.
+    ``hook_path`` is the host path of ``nvidia-cdi-hook`` when it is not under the driver root.
+    Container paths are the root-relative paths.
     """
 
-    def __init__(self, root: Path, *, container_root: Path | None = None) -> None:
-        self.root = root
-        self.scan_root = container_root if container_root is not None else root
-        self._common: ContainerEdits | None = None
+    def __init__(self, root: Path, *, container_root: Path | None = None,
+                 dev_root: Path | None = None, dev_container_root: Path | None = None,
+                 hook_path: str | None = None) -> None:
+        self.hook_path = hook_path
+        self.driver = HostTree.of(root, container_root)
+        self.dev = (HostTree.of(dev_root, dev_container_root) if dev_root is not None
+                    else HostTree.of(root, container_root))
+        self._common: dict[bool, ContainerEdits] = {}
         self._gpu_nodes: dict[int, DeviceNode] = {}
         self._caps_major: int | None = None
+        self._said_no_hooks = False
+        self._watched = (self.driver.watch((*LIBRARY_DIRS, *BINARY_DIRS, *HOOK_DIRS))
+                         + self.dev.watch(("dev",)))
+        self._identity = identity(self._watched)
+
+    @property
+    def root(self) -> Path:
+        return self.driver.host
+
+    @property
+    def scan_root(self) -> Path:
+        return self.driver.local
 
     def refresh(self) -> None:
-        """Forget cached discoveries (after a driver upgrade)."""
-        self._common = None
+        """Forget cached discoveries (after a driver upgrade or reload)."""
+        self._common.clear()
         self._gpu_nodes.clear()
         self._caps_major = None
+        self._said_no_hooks = False
+        self.driver.forget()
+        self.dev.forget()
+        self._identity = identity(self._watched)
 
-    # --- libraries for this process -------------------------------------------------------
+    def refresh_if_changed(self) -> bool:
+        """Refresh when a library, binary or device directory changed since the last look."""
+        if identity(self._watched) == self._identity:
+            return False
+        before = self.driver_version()
+        self.refresh()
+        log.info("driver files changed; discovering them again", driver_root=str(self.root),
+                 version_before=before, version_now=self.driver_version())
+        return True
+
+    # --- what the installation is --------------------------------------------------------
 
     def library_dirs(self) -> list[Path]:
         """The :data:`LIBRARY_DIRS` present in this process's view, in search order."""
-        return [self.scan_root / d for d in LIBRARY_DIRS if (self.scan_root / d).is_dir()]
+        return [self.driver.local_path(d) for d in LIBRARY_DIRS
+                if self.driver.local_path(d).is_dir()]
 
     def find_library(self, name: str) -> Path | None:
         """The file this process can load for library ``name``, from the first directory
         that has it (symlinks followed inside the root)."""
-        found = self._find(LIBRARY_DIRS, name, {})
-        return self.scan_root / found[0][1].lstrip("/") if found else None
+        found = self.driver.find(LIBRARY_DIRS, name)
+        return self.driver.local_path(found[0][1]) if found else None
+
+    def find_binary(self, name: str) -> str | None:
+        """Root-relative path of binary ``name`` (its link, not the link's target)."""
+        found = self.driver.find(BINARY_DIRS, name)
+        return found[0][0] if found else None
+
+    def driver_version(self) -> str | None:
+        """The version in the real file name of ``libcuda.so.1`` (``libcuda.so.580.65.06``)."""
+        for name in _VERSIONED_BY:
+            found = self.driver.find(LIBRARY_DIRS, name)
+            if found:
+                _, _, version = Path(found[0][1]).name.partition(".so.")
+                if version and version[0].isdigit() and version != name.rpartition(".")[2]:
+                    return version
+        return None
+
+    def kernel_module_version(self) -> str | None:
+        """The loaded kernel module's version, from the device root's ``proc``."""
+        try:
+            text = self.dev.local_path("proc/driver/nvidia/version").read_text()
+        except OSError:
+            return None
+        for word in text.split():
+            if word[:1].isdigit() and word.count(".") >= 1:
+                return word
+        return None
+
+    def has_c_library(self) -> bool:
+        """Whether the root carries its own C library (a whole OS tree, not GKE's)."""
+        return bool(self.driver.find(LIBRARY_DIRS, C_LIBRARY))
 
     # --- container edits ------------------------------------------------------------------
 
-    def common_edits(self) -> ContainerEdits:
-        if self._common is None:
+    def common_edits(self, *, video: bool = False) -> ContainerEdits:
+        """Control nodes, libraries (with the media ones when ``video``), binaries,
+        firmware and the library hooks."""
+        self.refresh_if_changed()
+        cached = self._common.get(video)
+        if cached is None:
             nodes = []
             for name in CONTROL_NODES:
                 node = self.device_node(f"/dev/{name}")
@@ -100,15 +196,18 @@ class DriverRoot:
                     nodes.append(node)
                 elif name in REQUIRED_CONTROL_NODES:
                     raise CdiError(self._missing_node(f"/dev/{name}", "nvidia-modprobe -u -c=0"))
-            self._common = ContainerEdits(
+            libraries = self._libraries(video)
+            cached = self._common[video] = ContainerEdits(
                 # A legacy-mode nvidia-container-runtime must not inject devices on its own.
                 env=("NVIDIA_VISIBLE_DEVICES=void",),
                 device_nodes=nodes,
-                mounts=[*self._libraries(), *self._binaries()],
+                mounts=[*libraries, *self._binaries(), *self._firmware()],
+                hooks=self._hooks([m.container_path for m in libraries]),
             )
-        return self._common
+        return cached
 
     def gpu_edits(self, minor: int) -> ContainerEdits:
+        self.refresh_if_changed()
         # Only successes are cached: NVIDIA's #1380 cached a spec without the device node.
         node = self._gpu_nodes.get(minor)
         if node is None:
@@ -135,36 +234,34 @@ class DriverRoot:
         )
 
     def device_node(self, path: str) -> DeviceNode | None:
-        """The node at root-relative ``path``: type and numbers for a real char device."""
+        """The node at ``path`` under the device root: type and numbers for a char device."""
         try:
-            st = (self.scan_root / path.lstrip("/")).stat()
+            st = self.dev.local_path(path).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        host = self._host_path(path)
+        host = self.dev.host_path(path)
+        host_path = None if host == path else host
         if stat.S_ISCHR(st.st_mode):
             return DeviceNode(
                 path=path,
-                host_path=None if host == path else host,
+                host_path=host_path,
                 type="c",
                 major=os.major(st.st_rdev),
                 minor=os.minor(st.st_rdev),
             )
-        # A regular file stands in for the node (simulated driver root).
-        return DeviceNode(path=path, host_path=host)
-
-    def _host_path(self, path: str) -> str:
-        return str(self.root / path.lstrip("/"))
+        # A regular file stands in for the node (simulated device root).
+        return DeviceNode(path=path, host_path=host_path)
 
     def _missing_node(self, path: str, fix: str) -> str:
         return (
-            f"device node {path} not found under driver root {self.root}: the NVIDIA driver"
-            f" has not created it yet (run `{fix}` on the host); a container without it"
-            " could not use the GPU"
+            f"device node {path} not found under device root {self.dev.host}: the NVIDIA"
+            f" driver has not created it yet (run `{fix}` on the host); a container without"
+            " it could not use the GPU"
         )
 
     def _access_file_minor(self, rel: str, default: int) -> int:
         try:
-            text = (self.scan_root / rel).read_text()
+            text = self.dev.local_path(rel).read_text()
         except OSError:
             return default
         for line in text.splitlines():
@@ -183,15 +280,15 @@ class DriverRoot:
         major = self._nvidia_caps_major()
         if major is None:
             raise CdiError(
-                f"MIG capability device {path} not found under driver root {self.root} and"
-                f" no 'nvidia-caps' entry in {self.scan_root / 'proc/devices'}"
+                f"MIG capability device {path} not found under device root {self.dev.host} and"
+                f" no 'nvidia-caps' entry in {self.dev.local_path('proc/devices')}"
             )
         return DeviceNode(path=path, type="c", major=major, minor=cap_minor)
 
     def _nvidia_caps_major(self) -> int | None:
         if self._caps_major is None:
             try:
-                lines = (self.scan_root / "proc/devices").read_text().splitlines()
+                lines = self.dev.local_path("proc/devices").read_text().splitlines()
             except OSError:
                 return None
             for line in lines:
@@ -200,11 +297,10 @@ class DriverRoot:
                     self._caps_major = int(parts[0])
         return self._caps_major
 
-    def _libraries(self) -> list[Mount]:
-        listings: dict[str, list[str]] = {}
+    def _libraries(self, video: bool) -> list[Mount]:
         mounts: list[Mount] = []
-        for pattern in LIBRARIES:
-            found = self._find(LIBRARY_DIRS, pattern, listings)
+        for pattern in (*LIBRARIES, *(VIDEO_LIBRARIES if video else ())):
+            found = self.driver.find(LIBRARY_DIRS, pattern)
             if not found and pattern in REQUIRED_LIBRARIES:
                 raise CdiError(
                     f"driver library {pattern} not found under driver root {self.root}"
@@ -214,61 +310,28 @@ class DriverRoot:
         return mounts
 
     def _binaries(self) -> list[Mount]:
-        listings: dict[str, list[str]] = {}
         return [self._mount(rel, real)
-                for name in BINARIES for rel, real in self._find(BINARY_DIRS, name, listings)]
+                for name in BINARIES for rel, real in self.driver.find(BINARY_DIRS, name)]
+
+    def _firmware(self) -> list[Mount]:
+        version = self.driver_version()
+        if version is None:
+            return []
+        found = self.driver.find([f"{d}/{version}" for d in FIRMWARE_DIRS], "gsp*.bin")
+        return [Mount(self.driver.host_path(real),
+                      f"/lib/firmware/nvidia/{version}/{Path(rel).name}", READ_ONLY_BIND)
+                for rel, real in found]
+
+    def _hooks(self, library_paths: list[str]) -> list[Hook]:
+        if self.hook_path is not None:
+            return library_hooks(given_hook_binary(self.hook_path), library_paths)
+        binary = find_hook_binary(self.driver)
+        if binary is None:
+            if not self._said_no_hooks:  # once per discovery, not per variant of the edits
+                log.warning("CDI hooks unavailable", reason=missing_hook_message(self.driver))
+                self._said_no_hooks = True
+            return []
+        return library_hooks(binary, library_paths)
 
     def _mount(self, rel: str, real: str) -> Mount:
-        return Mount(self._host_path(real), rel, READ_ONLY_BIND)
-
-    def _find(
-        self, dirs: Sequence[str], pattern: str, listings: dict[str, list[str]]
-    ) -> list[tuple[str, str]]:
-        """``(path, real path)`` in the root for ``pattern``, from the first directory with it."""
-        for d in dirs:
-            if d not in listings:
-                # Listed, not globbed: glob drops symlinks that dangle from this process's
-                # point of view, which absolute links inside a driver container's tree do.
-                try:
-                    listings[d] = sorted(p.name for p in (self.scan_root / d).iterdir())
-                except OSError:
-                    listings[d] = []
-            found = []
-            for name in fnmatch.filter(listings[d], pattern):
-                rel = f"/{d}/{name}"
-                real = self._resolve(rel)
-                if real is not None:
-                    found.append((rel, real))
-            if found:
-                return found
-        return []
-
-    def _resolve(self, path: str) -> str | None:
-        """Follow symlinks inside the driver root: absolute targets are relative to the root.
-
-        The runtime resolves a host path on the host, where an absolute link in a driver
-        container's tree would point outside it; so mounts name the real file.
-        """
-        pending = [p for p in path.split("/") if p]
-        resolved: list[str] = []
-        hops = 0
-        while pending:
-            part = pending.pop(0)
-            if part in (".", ".."):
-                if part == ".." and resolved:
-                    resolved.pop()
-                continue
-            candidate = self.scan_root.joinpath(*resolved, part)
-            if candidate.is_symlink():
-                hops += 1
-                if hops > _SYMLINK_HOPS:
-                    return None
-                target = str(candidate.readlink())
-                if target.startswith("/"):
-                    resolved = []
-                pending = [p for p in target.split("/") if p] + pending
-            elif candidate.exists():
-                resolved.append(part)
-            else:
-                return None
-        return "/" + "/".join(resolved)
+        return Mount(self.driver.host_path(real), rel, READ_ONLY_BIND)

@@ -1,15 +1,29 @@
-"""Read the node's GPUs through the NVML seam into a plain inventory record."""
+"""Read the node's GPUs through the NVML seam into a plain inventory record.
+
+One GPU that cannot be read (lost, or failing) degrades only itself: it is left out of
+``gpus`` and listed in ``unavailable`` with what NVML still says about it, so the node's
+other GPUs are published and the missing one can be added when it answers again
+(:func:`with_answering_gpus`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpudra.driver.mig import MigProfile
-from gpudra.driver.nvml import GpuProbe, MigInstance, MigMode, Nvml
+from gpudra.driver.nvml import (
+    GpuProbe,
+    MigInstance,
+    MigMode,
+    NvLink,
+    Nvml,
+    NvmlError,
+    UnreadableGpu,
+)
 
 PcieRootResolver = Callable[[str], str | None]
 
@@ -25,6 +39,8 @@ class GpuRecord:
     """``None`` when the GPU cannot do MIG."""
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
+    nvlinks: tuple[NvLink, ...] = ()
+    """Kept to work out NVLink domains again when another GPU joins later."""
 
     @property
     def mig_capable(self) -> bool:
@@ -36,6 +52,8 @@ class NodeInventory:
     driver_version: str
     cuda_driver_version: int
     gpus: tuple[GpuRecord, ...] = field(default=())
+    unavailable: tuple[UnreadableGpu, ...] = field(default=())
+    """GPUs NVML enumerates but that could not be read: not published."""
 
 
 def sysfs_pcie_root(bus_id: str, sysfs: Path = Path("/sys")) -> str | None:
@@ -101,25 +119,68 @@ def nvlink_domains(
 
 def read_inventory(nvml: Nvml, *, pcie_root: PcieRootResolver = sysfs_pcie_root) -> NodeInventory:
     """Probe every GPU: identity, topology, MIG mode, MIG profiles and live MIG devices."""
-    probes = nvml.probe_all()
-    links = {
-        p.pci_bus_id: [(link.remote_bus_id, link.remote_is_switch) for link in nvml.nvlinks(p.uuid)]
-        for p in probes
-    }
-    domains = nvlink_domains(links, {p.pci_bus_id: p.uuid for p in probes})
+    records: list[GpuRecord] = []
+    unavailable: list[UnreadableGpu] = []
+    for found in nvml.probe_all():
+        record = _read(nvml, found, pcie_root)
+        if isinstance(record, GpuRecord):
+            records.append(record)
+        else:
+            unavailable.append(record)
     return NodeInventory(
         driver_version=nvml.driver_version(),
         cuda_driver_version=nvml.cuda_driver_version(),
-        gpus=tuple(_record(nvml, p, pcie_root(p.pci_bus_id), domains.get(p.pci_bus_id))
-                   for p in probes),
+        gpus=_with_nvlink_domains(records),
+        unavailable=tuple(unavailable),
     )
 
 
-def _record(nvml: Nvml, probe: GpuProbe, root: str | None, domain: str | None) -> GpuRecord:
+def with_answering_gpus(
+    nvml: Nvml, inventory: NodeInventory, *, pcie_root: PcieRootResolver = sysfs_pcie_root,
+) -> NodeInventory:
+    """``inventory`` plus those of its unavailable GPUs that can be read now; ``inventory``
+    itself when none can. The other GPUs are not read again."""
+    records = list(inventory.gpus)
+    still: list[UnreadableGpu] = []
+    for gpu in inventory.unavailable:
+        record: GpuRecord | UnreadableGpu = gpu
+        if gpu.uuid is not None:  # without a UUID there is nothing to ask NVML for
+            record = _read(nvml, nvml.probe_gpu(gpu.index, gpu.uuid), pcie_root)
+        if isinstance(record, GpuRecord):
+            records.append(record)
+        else:
+            still.append(record)
+    if len(records) == len(inventory.gpus):
+        return inventory
+    return replace(inventory, gpus=_with_nvlink_domains(records), unavailable=tuple(still))
+
+
+def _read(
+    nvml: Nvml, found: GpuProbe | UnreadableGpu, pcie_root: PcieRootResolver,
+) -> GpuRecord | UnreadableGpu:
+    if isinstance(found, UnreadableGpu):
+        return found
+    try:
+        return _record(nvml, found, pcie_root(found.pci_bus_id))
+    except NvmlError as exc:
+        return UnreadableGpu(found.index, found.uuid, found.minor, found.pci_bus_id,
+                             exc.is_gpu_lost, f"reading GPU {found.index} failed: {exc}")
+
+
+def _record(nvml: Nvml, probe: GpuProbe, root: str | None) -> GpuRecord:
+    links = tuple(nvml.nvlinks(probe.uuid))
     mode = nvml.mig_mode(probe.uuid)
     profiles: Iterable[MigProfile] = ()
     instances: Iterable[MigInstance] = ()
     if mode is not None:
         profiles = nvml.mig_profiles(probe.uuid, probe.memory_bytes)
         instances = nvml.mig_instances(probe.uuid)
-    return GpuRecord(probe, root, domain, mode, tuple(profiles), tuple(instances))
+    return GpuRecord(probe, root, None, mode, tuple(profiles), tuple(instances), links)
+
+
+def _with_nvlink_domains(records: Iterable[GpuRecord]) -> tuple[GpuRecord, ...]:
+    records = sorted(records, key=lambda r: r.probe.index)
+    links = {r.probe.pci_bus_id: [(link.remote_bus_id, link.remote_is_switch)
+                                  for link in r.nvlinks] for r in records}
+    domains = nvlink_domains(links, {r.probe.pci_bus_id: r.probe.uuid for r in records})
+    return tuple(replace(r, nvlink_domain=domains.get(r.probe.pci_bus_id)) for r in records)

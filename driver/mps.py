@@ -1,22 +1,40 @@
-"""One CUDA MPS control daemon per claim: start, configure, stop, and what containers need.
+"""One CUDA MPS control daemon per claim: start, adopt after a restart, stop, and what
+containers need.
 
-The daemon's pipe and log directories live under the plugin's data dir (a host path, so
-the same directory can be bind-mounted into the claim's containers at the path CUDA
-clients look for). Commands go through the :mod:`gpudra.driver.commands` seam.
+Each claim owns ``<base>/<claim uid>/`` under the plugin's data dir (host paths, bind-mounted
+into the claim's containers through CDI): ``pipe/`` (the control socket clients connect to),
+``log/``, and ``shm/``, mounted at the containers' ``/dev/shm`` (a tmpfs on a real node, a
+directory when simulating). ``nvidia-cuda-mps-control -d`` detaches the daemon from the node
+daemon (:mod:`gpudra.driver.mps_process`), so a restart of the node daemon does not take MPS
+away from running pods; the new instance adopts it through ``control.pid``, which is kept
+outside the pipe directory workloads can write to. Commands go through the
+:mod:`gpudra.driver.commands` seam.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from gpudra.api.configs import MpsConfig
+from gpudra.driver import mps_process
 from gpudra.driver.cdi import ContainerEdits, Mount
 from gpudra.driver.commands import CommandError, CommandRunner
 
+log = structlog.get_logger(__name__)
+
+CONTROL = "nvidia-cuda-mps-control"
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
+CONTAINER_SHM_DIR = "/dev/shm"
+NATIVE_PID_FILE = "nvidia-cuda-mps-control.pid"
+"""Written into the pipe directory by the control daemon itself."""
 
 
 @dataclass(frozen=True)
@@ -31,50 +49,224 @@ class MpsDaemon:
     def log_dir(self) -> Path:
         return self.directory / "log"
 
+    @property
+    def shm_dir(self) -> Path:
+        return self.directory / "shm"
+
+    @property
+    def pid_file(self) -> Path:
+        """Ours, written once the daemon is up; workloads cannot reach it."""
+        return self.directory / "control.pid"
+
     def env(self, uuids: Sequence[str] = ()) -> dict[str, str]:
         env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
-               "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+               "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+               mps_process.OWNER_ENV: mps_process.owner_mark(self.directory)}
         if uuids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         return env
 
     def container_edits(self) -> ContainerEdits:
+        # The workload's /dev/shm is the claim's own, not the node's: MPS clients and
+        # server share memory there, and claims must not see each other's.
         return ContainerEdits(
-            env=(f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}",),
-            mounts=(Mount(host_path=str(self.pipe_dir), container_path=CONTAINER_PIPE_DIR,
-                          options=("rbind", "rw")),),
+            env=(f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}",
+                 f"CUDA_MPS_LOG_DIRECTORY={CONTAINER_LOG_DIR}"),
+            mounts=(
+                Mount(host_path=str(self.pipe_dir), container_path=CONTAINER_PIPE_DIR,
+                      options=("rbind", "rw")),
+                Mount(host_path=str(self.log_dir), container_path=CONTAINER_LOG_DIR,
+                      options=("rbind", "ro")),
+                Mount(host_path=str(self.shm_dir), container_path=CONTAINER_SHM_DIR,
+                      options=("rbind", "rw", "nosuid", "nodev")),
+            ),
         )
 
 
+@dataclass(frozen=True)
+class MpsClaim:
+    """A prepared claim's daemon as the checkpoint describes it: enough to start it again."""
+
+    ref: str
+    uuids: tuple[str, ...]
+    commands: tuple[str, ...] | None
+    """``None``: not recorded (a record of an older version); restarted without config."""
+
+
+@dataclass
+class MpsReconcileReport:
+    """Start-up reconciliation of MPS daemons against the prepared claims (by claim uid)."""
+
+    adopted: dict[str, int] = field(default_factory=dict)
+    restarted: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
 class MpsManager:
-    def __init__(self, runner: CommandRunner, base_dir: Path) -> None:
+    """Per-claim control daemons under ``base_dir``.
+
+    ``tmpfs_shm`` mounts a tmpfs on each claim's ``shm/`` (a real node, as root; its size is
+    the kernel's default, half the RAM, as NVIDIA's driver does); off, it stays a directory.
+    """
+
+    def __init__(self, runner: CommandRunner, base_dir: Path, *, tmpfs_shm: bool = False,
+                 timeout: float = 5.0) -> None:
         self.runner = runner
-        self.base_dir = base_dir
+        # Absolute: the claim directory is part of a daemon's identity (its environment),
+        # which must compare equal across restarts of the node daemon.
+        self.base_dir = base_dir.absolute()
+        self.tmpfs_shm = tmpfs_shm
+        self.timeout = timeout
 
     def daemon_for(self, claim_uid: str) -> MpsDaemon:
         return MpsDaemon(self.base_dir / claim_uid)
 
-    def start(self, claim_uid: str, uuids: Sequence[str], config: MpsConfig | None) -> MpsDaemon:
-        """Start and configure the claim's daemon; on failure nothing is left running."""
+    def running_pid(self, claim_uid: str) -> int | None:
+        """The pid of the claim's live control daemon, checked in /proc; else ``None``.
+
+        Ours first; then the daemon's own (a crash right after start, or a daemon started
+        by a version that wrote none), which the same check makes safe to believe.
+        """
         daemon = self.daemon_for(claim_uid)
-        daemon.pipe_dir.mkdir(parents=True, exist_ok=True)
-        daemon.log_dir.mkdir(parents=True, exist_ok=True)
+        for path in (daemon.pid_file, daemon.pipe_dir / NATIVE_PID_FILE):
+            pid = mps_process.read_pid(path)
+            if pid is not None and mps_process.is_control_daemon(pid, daemon.directory):
+                return pid
+        return None
+
+    def start(self, claim_uid: str, uuids: Sequence[str], commands: Sequence[str]) -> MpsDaemon:
+        """Start the claim's daemon and send it ``commands``; on failure it is not left
+        running (the directories are the caller's undo: :meth:`stop`)."""
+        daemon = self.daemon_for(claim_uid)
+        self._quit_running(daemon, claim_uid)
+        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        # Empty, not re-created: running containers bind-mount these very directories, so
+        # a restarted daemon's socket must appear in the same inode.
+        _clear(daemon.pipe_dir)
+        daemon.pid_file.unlink(missing_ok=True)
+        if self.tmpfs_shm and not daemon.shm_dir.is_mount():
+            _run(["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs",
+                  str(daemon.shm_dir)])
         env = daemon.env(uuids)
-        self.runner.run(["nvidia-cuda-mps-control", "-d"], env=env)
         try:
-            for command in commands_for(config, uuids):
-                self.runner.run(["nvidia-cuda-mps-control"], env=env, stdin=command + "\n")
-        except CommandError:
-            self.stop(claim_uid)
+            self.runner.run([CONTROL, "-d"], env=env)
+            pid = self._wait_started(daemon)
+            mps_process.write_pid(daemon.pid_file, pid)
+            for command in commands:
+                self.runner.run([CONTROL], env=env, stdin=command + "\n")
+        except (CommandError, OSError):
+            self._quit_running(daemon, claim_uid)
             raise
         return daemon
+
+    def _wait_started(self, daemon: MpsDaemon) -> int:
+        deadline = time.monotonic() + self.timeout
+        native = daemon.pipe_dir / NATIVE_PID_FILE
+        while True:
+            pid = mps_process.read_pid(native)
+            if pid is not None and mps_process.is_control_daemon(pid, daemon.directory):
+                return pid
+            if time.monotonic() > deadline:
+                raise CommandError(f"{CONTROL} -d: no control daemon for {daemon.pipe_dir} "
+                                   f"after {self.timeout:g}s ({native} names pid {pid})")
+            time.sleep(0.02)
 
     def stop(self, claim_uid: str) -> None:
         """Quit the claim's daemon if it runs and remove its directories; idempotent."""
         daemon = self.daemon_for(claim_uid)
-        if (daemon.pipe_dir / "control").exists():
-            self.runner.run(["nvidia-cuda-mps-control"], env=daemon.env(), stdin="quit\n")
+        self._quit_running(daemon, claim_uid)
+        if daemon.shm_dir.is_mount():
+            # Lazy: a container being torn down may still hold it; it goes when they do.
+            _run(["umount", "--lazy", str(daemon.shm_dir)])
         shutil.rmtree(daemon.directory, ignore_errors=True)
+
+    def _quit_running(self, daemon: MpsDaemon, claim_uid: str) -> None:
+        """``quit`` through the control pipe, then signals, each with a deadline."""
+        pid = self.running_pid(claim_uid)
+        if pid is None:
+            return  # never signal a pid we cannot prove is this claim's daemon
+        try:
+            self.runner.run([CONTROL], env=daemon.env(), stdin="quit\n")
+        except CommandError as exc:
+            log.warning("MPS control daemon did not take quit; signalling it",
+                        claim=claim_uid, pid=pid, error=str(exc))
+        if mps_process.wait_exit(pid, self.timeout):
+            return
+        if not mps_process.terminate(pid, daemon.directory, self.timeout):
+            raise CommandError(f"MPS control daemon {pid} of claim {claim_uid} did not exit "
+                               "after quit, SIGTERM and SIGKILL")
+
+    def claim_uids(self) -> list[str]:
+        """Claims that have a daemon directory (running or not)."""
+        if not self.base_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.base_dir.iterdir() if p.is_dir())
+
+    def reconcile(self, wanted: Mapping[str, MpsClaim]) -> MpsReconcileReport:
+        """After a restart: stop daemons of claims that are not prepared, adopt the live
+        daemons of prepared claims, and start again those that died.
+
+        A dead daemon is restarted, not just reported: its claim's pods keep running and
+        their next CUDA process (a restarted container, a new worker) needs MPS, and would
+        fail until the claim is unprepared, which may be never. On a real node this is the
+        common case after the plugin container restarts, since the runtime kills what the
+        container started. One claim's failure is logged and does not stop start-up.
+        """
+        report = MpsReconcileReport()
+        for uid in self.claim_uids():
+            if uid in wanted:
+                continue
+            try:
+                self.stop(uid)
+            except (CommandError, OSError) as exc:
+                log.error("cannot stop the MPS control daemon of a claim that is not prepared",
+                          claim=uid, error=str(exc))
+                report.failed.append(uid)
+            else:
+                log.info("stopped MPS control daemon of a claim that is not prepared", claim=uid)
+                report.stopped.append(uid)
+        for uid, claim in sorted(wanted.items()):
+            pid = self.running_pid(uid)
+            if pid is not None:
+                log.info("re-adopted MPS control daemon", claim=claim.ref, pid=pid)
+                report.adopted[uid] = pid
+                continue
+            if claim.commands is None:
+                log.warning("restarting an MPS control daemon whose config was not recorded; "
+                            "it runs with MPS defaults", claim=claim.ref)
+            try:
+                self.start(uid, claim.uuids, claim.commands or ())
+            except (CommandError, OSError) as exc:
+                log.error("MPS control daemon of a prepared claim is dead and cannot be "
+                          "restarted; its containers cannot use MPS", claim=claim.ref,
+                          error=str(exc))
+                report.failed.append(uid)
+            else:
+                log.warning("MPS control daemon of a prepared claim was dead; restarted it",
+                            claim=claim.ref, pid=self.running_pid(uid))
+                report.restarted.append(uid)
+        return report
+
+
+def _clear(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _run(argv: list[str]) -> None:
+    """A host mount command (not a driver binary, so not the commands seam)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CommandError(f"{' '.join(argv)}: {exc}") from exc
+    if done.returncode != 0:
+        raise CommandError(f"{' '.join(argv)} exited {done.returncode}: "
+                           f"{(done.stderr or done.stdout).strip()}")
 
 
 def commands_for(config: MpsConfig | None, uuids: Sequence[str]) -> list[str]:

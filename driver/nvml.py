@@ -32,6 +32,8 @@ _GI_PROFILE_INDEX_COUNT = 18
 _NVLINK_MAX_LINKS = 36
 NVLINK_REMOTE_GPU = 0
 NVLINK_REMOTE_SWITCH = 2
+ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
+"""nvmlDeviceAddressingModeType_t → the string NVIDIA's driver publishes (go-nvlib's)."""
 
 COMPUTE_MODE_DEFAULT = 0
 COMPUTE_MODE_PROHIBITED = 2
@@ -58,6 +60,14 @@ class NvmlError(Exception):
     def is_not_found(self) -> bool:
         return self.code == int(pynvml.NVML_ERROR_NOT_FOUND)
 
+    @property
+    def is_gpu_lost(self) -> bool:
+        return self.code == int(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+
+class GpuNotFound(NvmlError):
+    """No GPU with this UUID is on the bus: removed, or replaced since it was recorded."""
+
 
 class NvmlUnavailable(Exception):
     """No usable NVIDIA driver on this machine; the message is one line for humans."""
@@ -79,6 +89,23 @@ class GpuProbe:
     pci_bus_id: str
     """Normalised ``DDDD:BB:DD.F``, lower case (the form sysfs and DRA use)."""
     numa_node: int | None
+    addressing_mode: str | None = None
+    """``HMM``, ``ATS`` or ``None`` (coherent platforms); ``None`` (Python) when NVML cannot
+    say, as NVIDIA's driver omits the attribute then."""
+
+
+@dataclass(frozen=True)
+class UnreadableGpu:
+    """A GPU NVML enumerates but cannot describe: lost, or failing. Only its identity
+    (what NVML still answers for a lost GPU) is known, and maybe not even that."""
+
+    index: int
+    uuid: str | None
+    minor: int | None
+    pci_bus_id: str | None
+    lost: bool
+    """It answered GPU_IS_LOST: fallen off the bus, or it needs a reset."""
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -158,24 +185,71 @@ class Nvml:
         return int(self._run("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
 
     def handle(self, uuid: str) -> Any:
-        """The device handle for a GPU UUID, cached (UUID lookups can be slow on real GPUs)."""
+        """The device handle for a GPU UUID, cached (UUID lookups can be slow on real GPUs).
+
+        Raises :class:`GpuNotFound` when no such GPU is on the bus.
+        """
         with self._lock:
             cached = self._handles.get(uuid)
             if cached is None:
-                cached = self._run("nvmlDeviceGetHandleByUUID",
-                                   lambda: pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                try:
+                    cached = self._run("nvmlDeviceGetHandleByUUID",
+                                       lambda: pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                except NvmlError as exc:
+                    if exc.is_not_found:
+                        raise GpuNotFound(f"GPU {uuid}", exc.code,
+                                          "not on this node (removed or replaced)") from exc
+                    raise
                 self._handles[uuid] = cached
             return cached
 
-    def probe_all(self) -> list[GpuProbe]:
-        probes = []
+    def probe_all(self) -> list[GpuProbe | UnreadableGpu]:
+        """Every GPU NVML enumerates; one that cannot be read is an :class:`UnreadableGpu`
+        (it degrades only itself)."""
+        found: list[GpuProbe | UnreadableGpu] = []
         for index in range(self.device_count()):
-            with self._call("nvmlDeviceGetHandleByIndex"):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                with self._call(f"nvmlDeviceGetHandleByIndex {index}"):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except NvmlError as exc:
+                found.append(UnreadableGpu(index, None, None, None, exc.is_gpu_lost, str(exc)))
+                continue
+            found.append(self._probe_or_identity(index, handle))
+        return found
+
+    def probe_gpu(self, index: int, uuid: str) -> GpuProbe | UnreadableGpu:
+        """One GPU again (``index`` as enumerated), e.g. a lost one that may answer now."""
+        try:
+            handle = self.handle(uuid)
+        except NvmlError as exc:
+            return UnreadableGpu(index, uuid, None, None, exc.is_gpu_lost, str(exc))
+        return self._probe_or_identity(index, handle)
+
+    def _probe_or_identity(self, index: int, handle: Any) -> GpuProbe | UnreadableGpu:
+        try:
             probe = self._probe(index, handle)
+        except NvmlError as exc:
+            return self._identity(index, handle, exc)
+        with self._lock:
             self._handles[probe.uuid] = handle
-            probes.append(probe)
-        return probes
+        return probe
+
+    @staticmethod
+    def _identity(index: int, handle: Any, error: NvmlError) -> UnreadableGpu:
+        """What NVML still says about a GPU that fails: identity calls, each if it can."""
+        def ask(call: Callable[[], T]) -> T | None:
+            try:
+                return call()
+            except pynvml.NVMLError:
+                return None
+
+        uuid = ask(lambda: _decode(pynvml.nvmlDeviceGetUUID(handle)))
+        minor = ask(lambda: int(pynvml.nvmlDeviceGetMinorNumber(handle)))
+        bus_id = ask(lambda: normalize_bus_id(_decode(pynvml.nvmlDeviceGetPciInfo(handle).busId)))
+        lost = error.is_gpu_lost
+        reason = ("GPU is lost (NVML GPU_IS_LOST): fallen off the bus, or it needs a reset"
+                  if lost else str(error))
+        return UnreadableGpu(index, uuid, minor, bus_id, lost, reason)
 
     def _probe(self, index: int, handle: Any) -> GpuProbe:
         with self._call(f"probe GPU {index}"):
@@ -196,6 +270,7 @@ class Nvml:
                 multiprocessors=int(attributes.multiprocessorCount),
                 pci_bus_id=normalize_bus_id(_decode(pci.busId)),
                 numa_node=self._numa_node(handle),
+                addressing_mode=self._addressing_mode(handle),
             )
 
     def _numa_node(self, handle: Any) -> int | None:
@@ -204,6 +279,13 @@ class Nvml:
         except pynvml.NVMLError:
             return None
         return node if node >= 0 else None
+
+    def _addressing_mode(self, handle: Any) -> str | None:
+        try:
+            mode = int(pynvml.nvmlDeviceGetAddressingMode(handle))
+        except pynvml.NVMLError:  # NOT_SUPPORTED, or a driver older than the call
+            return None
+        return ADDRESSING_MODES.get(mode)
 
     def nvlinks(self, uuid: str) -> list[NvLink]:
         """Active NVLinks of a GPU; empty when it has none or NVML cannot say."""
@@ -506,8 +588,23 @@ class Nvml:
         try:
             self.compute_mode(uuid)
         except NvmlError as exc:
-            return exc.code == int(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return exc.is_gpu_lost
         return False
+
+    def why_unavailable(self, uuid: str) -> str | None:
+        """``None`` when the GPU is on the bus and answers; else why not, in a few words.
+
+        The same cheap probe as :meth:`gpu_is_lost`; a GPU that is not on the bus (removed,
+        or replaced by another board) is unavailable too.
+        """
+        try:
+            self.compute_mode(uuid)
+        except GpuNotFound:
+            return "not on this node (removed or replaced)"
+        except NvmlError as exc:
+            if exc.is_gpu_lost:
+                return "GPU is lost (NVML GPU_IS_LOST): fallen off the bus, or it needs a reset"
+        return None
 
 
 # --- event types ---------------------------------------------------------------------------

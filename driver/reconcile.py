@@ -10,6 +10,7 @@ from gpudra.driver import cdi
 from gpudra.driver.checkpoint_model import Checkpoint, ClaimRecord, without_claim
 from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.claim_hardware import ClaimHardware
+from gpudra.driver.mps import MpsReconcileReport
 
 
 @dataclass
@@ -20,6 +21,10 @@ class ReconcileReport:
     destroyed_mig_devices: list[str] = field(default_factory=list)
     removed_cdi_specs: list[str] = field(default_factory=list)
     checkpoint_reset: str | None = None
+    unavailable_gpus: dict[str, str] = field(default_factory=dict)
+    """GPUs the checkpoint names that are not there or do not answer → why. Their records
+    are kept (the GPU may come back) and nothing is done on them."""
+    mps: MpsReconcileReport = field(default_factory=MpsReconcileReport)
 
 
 def reconcile(
@@ -30,8 +35,9 @@ def reconcile(
     cdi_root: Path,
     driver: str,
 ) -> ReconcileReport:
-    """Roll back half-prepared claims, destroy MIG devices no completed claim owns on GPUs
-    gpudra partitioned, and remove CDI specs no completed claim owns.
+    """Roll back half-prepared claims, adopt or restart prepared claims' MPS daemons and stop
+    the others, destroy MIG devices no completed claim owns on GPUs gpudra partitioned, and
+    remove CDI specs no completed claim owns.
 
     The caller holds every GPU's lock and the checkpoint's; ``undo`` rolls one claim back
     (hardware and CDI spec).
@@ -45,21 +51,51 @@ def reconcile(
         cp = without_claim(cp, record.uid)
         report.rolled_back_claims.append(record.ref)
     store.save(cp)
-    keep = {
-        (d.mig.parent_uuid, d.mig.gpu_instance_id)
-        for r in cp.completed().values() for d in r.devices
-        if d.mig is not None and d.mig.created
-    }
+    if hardware.mps is not None:
+        # MPS daemons outlive the node daemon: adopt those of prepared claims, stop others.
+        report.mps = hardware.mps.reconcile(hardware.mps_claims(cp))
+    report.unavailable_gpus = {gpu: reason for gpu in sorted(gpus_named(cp))
+                               if (reason := hardware.nvml.why_unavailable(gpu)) is not None}
     for parent in cp.mig_mode_baseline:
-        for instance in hardware.safe_instances(parent):
-            if (parent, instance.gpu_instance_id) in keep:
-                continue
-            hardware.nvml.destroy_mig_device(parent, instance.gpu_instance_id,
-                                             instance.compute_instance_id)
-            report.destroyed_mig_devices.append(instance.uuid)
-        hardware.restore_mig_mode(parent, cp)
+        if parent in report.unavailable_gpus:
+            continue  # one missing GPU must not stop start-up; its baseline is kept
+        report.destroyed_mig_devices.extend(clean_up_gpu(hardware, cp, parent))
     for uid, path in cdi.list_claim_specs(cdi_root, driver).items():
         if uid not in cp.completed():
             path.unlink(missing_ok=True)
             report.removed_cdi_specs.append(path.name)
     return report
+
+
+def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str) -> list[str]:
+    """On a GPU gpudra partitioned: destroy the MIG devices no completed claim owns and put
+    its MIG mode back when none is left; the UUIDs destroyed. Nothing on other GPUs.
+
+    At start-up for every GPU, and later for a GPU that answers again (its claims may have
+    been unprepared while it was gone). The caller holds the GPU's lock and the checkpoint's.
+    """
+    if parent not in cp.mig_mode_baseline:
+        return []
+    keep = {
+        d.mig.gpu_instance_id
+        for r in cp.completed().values() for d in r.devices
+        if d.mig is not None and d.mig.created and d.mig.parent_uuid == parent
+    }
+    destroyed = []
+    for instance in hardware.safe_instances(parent):
+        if instance.gpu_instance_id in keep:
+            continue
+        hardware.nvml.destroy_mig_device(parent, instance.gpu_instance_id,
+                                         instance.compute_instance_id)
+        destroyed.append(instance.uuid)
+    hardware.restore_mig_mode(parent, cp)
+    return destroyed
+
+
+def gpus_named(cp: Checkpoint) -> set[str]:
+    """Every physical GPU the checkpoint names: MIG-mode baselines and claims' devices."""
+    named = set(cp.mig_mode_baseline)
+    for record in cp.claims.values():
+        named.update(str(d.parent_uuid or d.uuid) for d in record.devices
+                     if d.parent_uuid or d.uuid)
+    return named

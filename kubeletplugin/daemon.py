@@ -1,10 +1,13 @@
 """The node daemon: kubelet plugin + ResourceSlice publisher + probes, wired and supervised.
 
-Start order: NVML → checkpoint and start-up reconciliation → inventory → gRPC sockets →
-publishing → HTTP probes. Stop (``stop`` set, e.g. by SIGTERM): stop accepting calls, let
-in-flight ones finish, remove our sockets, stop publishing, return. The publisher is a
-supervised root task: restarted with back-off when it dies, named in ``/readyz`` while it
-is down, and fatal (:class:`DaemonError`) when it keeps dying.
+Start order: what can be checked without side effects (the API-server configuration, the
+HTTP port) → HTTP probes (``/readyz`` says which step start-up is at) → NVML → checkpoint
+and start-up reconciliation → inventory → gRPC sockets → Kubernetes client → publishing,
+once the kubelet has confirmed our registration (:mod:`.publish_gate`). Stop (``stop`` set,
+e.g. by SIGTERM): stop accepting calls, let in-flight ones finish, remove our sockets, stop
+publishing, return. The publisher is a supervised root task: restarted with back-off when
+it dies, named in ``/readyz`` while it is down, and fatal (:class:`DaemonError`) when it
+keeps dying.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
@@ -22,13 +24,19 @@ from gpudra.api.claims import ClaimRef
 from gpudra.driver.checkpoint_codec import CheckpointError
 from gpudra.driver.health_monitor import HealthMonitor
 from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
+from gpudra.kubeletplugin.api_access import ApiAccessError, check_api_access, load_api_client
 from gpudra.kubeletplugin.grpc_probe import answers_get_info
 from gpudra.kubeletplugin.health_service import HealthService
 from gpudra.kubeletplugin.http_probes import ProbeServer
 from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome
 from gpudra.kubeletplugin.node_config import NodeConfig
-from gpudra.kubeletplugin.node_state import build_device_state, watched_gpus
+from gpudra.kubeletplugin.node_state import (
+    build_device_state,
+    pick_up_answering_gpus,
+    watched_gpus,
+)
 from gpudra.kubeletplugin.preparer import Preparer
+from gpudra.kubeletplugin.publish_gate import PublishGate
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.kubeletplugin.supervisor import RootTaskFailed, Supervisor
 
@@ -75,14 +83,42 @@ async def _unless_stopped(work: asyncio.Task[None], stopping: asyncio.Task[Any])
 
 @dataclass
 class _Runtime:
-    """What the daemon has started so far; closed in reverse order, whatever happened."""
+    """What the daemon has started so far; closed in reverse order, whatever happened.
+
+    The probe thread reads it: ``step`` says what start-up is doing (None once running).
+    """
 
     supervisor: Supervisor
+    step: str | None = "starting"
     server: PluginServer | None = None
     nvml: Nvml | None = None
     api: Any = None
     monitor: HealthMonitor | None = None
     probes: ProbeServer | None = None
+    gate: PublishGate | None = None
+    publisher: Any = None  # SlicePublisher, imported with the Kubernetes client
+
+    def not_live(self) -> list[str]:
+        """``/healthz``: the registration socket answers ``GetInfo`` (the loop is not stuck)."""
+        server = self.server
+        if server is None or (self.step is not None and not server.serving):
+            return [f"starting: {self.step}"]
+        if answers_get_info(server.registration_socket_path):
+            return []
+        return ["the registration socket does not answer GetInfo"]
+
+    def not_ready(self) -> list[str]:
+        """``/readyz``: one line per reason the node cannot take claims yet."""
+        problems = [] if self.step is None else [f"starting: {self.step}"]
+        if self.gate is not None:
+            problems += self.gate.problems()
+        publisher = self.publisher
+        if (publisher is not None and self.gate is not None and self.gate.open
+                and not publisher.synced.is_set()):
+            error = publisher.stats()["last_error"]
+            problems.append("ResourceSlices not published yet"
+                            + (f" (last error: {error})" if error else ""))
+        return problems + self.supervisor.problems()
 
     async def close(self, grace: float) -> None:
         if self.server is not None:
@@ -99,13 +135,23 @@ class _Runtime:
 
 
 async def _start(config: NodeConfig, runtime: _Runtime) -> None:
+    # What can fail without side effects fails first, before the kubelet ever sees us.
+    try:
+        check_api_access(config.kubeconfig)
+    except ApiAccessError as exc:
+        raise DaemonError(str(exc)) from exc
+    if config.http_address is not None:
+        runtime.probes = _probes(config.http_address, runtime)
+        runtime.probes.start()
     paths = config.paths
     paths.data_dir.mkdir(parents=True, exist_ok=True)
+    runtime.step = "opening NVML"
     try:
         runtime.nvml = nvml = open_nvml(simulate=config.simulate, sim_state=paths.sim_state,
                                         driver_root=paths.driver_root)
     except NvmlUnavailable as exc:
         raise DaemonError(str(exc)) from exc
+    runtime.step = "discovering devices and reconciling the checkpoint"
     try:
         state = await _in_daemon_thread(build_device_state, config, nvml)
     except CheckpointError as exc:  # e.g. the previous pod still holds the lock
@@ -118,14 +164,23 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     # Register once the node state is ready; calls that arrive while the Kubernetes client
     # (the heaviest import, not needed to register) loads wait for it in _StartingPreparer.
     starting = _StartingPreparer()
+    runtime.step = "serving the kubelet sockets"
     runtime.server = server = PluginServer(config.driver_name, config.registrar_dir,
                                            config.plugins_dir, config.pod_uid, starting,
                                            health_servicer=health)
     await server.start()
+    runtime.gate = gate = PublishGate(server.registration, config.registration_timeout,
+                                      server.registration_socket_path)
+    runtime.step = "loading the Kubernetes client"
+    # Imported off the loop, which meanwhile answers the kubelet's registration calls.
+    await _in_daemon_thread(_import_client_modules)
     from gpudra.controller.publisher import SlicePublisher
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 
-    runtime.api = api = await _api_client(config.kubeconfig)
+    try:
+        runtime.api = api = await load_api_client(config.kubeconfig)
+    except ApiAccessError as exc:
+        raise DaemonError(str(exc)) from exc
     starting.ready(Preparer(driver=config.driver_name, fetcher=ClaimFetcher(api), state=state))
     publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name)
     if health is not None:
@@ -137,6 +192,7 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
             health.notify()
 
         def changed() -> None:  # called from the watcher thread
+            pick_up_answering_gpus(config, state, nvml)  # NVML reads: here, off the loop
             loop.call_soon_threadsafe(refresh)
 
         runtime.monitor = monitor = HealthMonitor(nvml, watched_gpus(state), config.health,
@@ -146,57 +202,33 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
         health.notify()
     else:
         publisher.update(state.index.devices)
-    runtime.supervisor.start("publisher", publisher.run)
-    if config.http_address is not None:
-        def not_ready() -> list[str]:
-            problems = []
-            if not server.registration.registered.is_set():
-                problems.append("not registered with the kubelet yet")
-            if not publisher.synced.is_set():
-                problems.append("ResourceSlices not published yet")
-            return problems + runtime.supervisor.problems()
+    runtime.publisher = publisher
 
-        try:
-            runtime.probes = ProbeServer(config.http_address, live=_live(server),
-                                         ready=not_ready)
-        except OSError as exc:
-            host, port = config.http_address
-            raise DaemonError(f"--http-address {host}:{port}: "
-                              f"{exc.strerror or exc}") from exc
-        runtime.probes.start()
+    async def publish() -> None:
+        await gate.wait()  # at once after the first time: a restart does not wait again
+        await publisher.run()
+
+    runtime.supervisor.start("publisher", publish)
+    runtime.step = None
     log.info("node daemon running", node=config.node_name, driver=config.driver_name,
              devices=len(state.index.devices.devices), simulate=config.simulate)
 
 
-def _live(server: PluginServer) -> Callable[[], list[str]]:
-    def check() -> list[str]:
-        if answers_get_info(server.registration_socket_path):
-            return []
-        return ["the registration socket does not answer GetInfo"]
-    return check
+def _import_client_modules() -> None:
+    """The Kubernetes client and what uses it: the heaviest imports of the daemon."""
+    from kubernetes.aio import client, config  # noqa: F401
+
+    import gpudra.controller.publisher
+    import gpudra.kubeletplugin.claim_fetcher  # noqa: F401
 
 
-async def _api_client(kubeconfig: str | None) -> Any:
-    from kubernetes.aio import client as aio_client
-    from kubernetes.aio import config as aio_config
-
-    configuration = aio_client.Configuration()
-    if kubeconfig:
-        if not Path(kubeconfig).is_file():  # noqa: ASYNC240 - one stat at start-up
-            raise DaemonError(f"--kubeconfig {kubeconfig}: no such file")
-        try:
-            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration)
-        except Exception as exc:  # ConfigException, YAML errors, bad certificates …
-            raise DaemonError(f"--kubeconfig {kubeconfig}: {exc}") from exc
-    else:
-        try:
-            aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration)
-        except aio_config.ConfigException as exc:
-            raise DaemonError("no --kubeconfig given and not running in a cluster "
-                              f"({exc})") from exc
-    return aio_client.ApiClient(configuration)
+def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
+    """The HTTP probe server, listening; a port in use is a one-line :class:`DaemonError`."""
+    try:
+        return ProbeServer(address, live=runtime.not_live, ready=runtime.not_ready)
+    except OSError as exc:
+        host, port = address
+        raise DaemonError(f"--http-address {host}:{port}: {exc.strerror or exc}") from exc
 
 
 class _StartingPreparer:

@@ -26,6 +26,10 @@ class NodePaths:
     """The NVIDIA driver root as this process sees it."""
     host_driver_root: Path
     """The same root as the host (and so the CDI spec) sees it."""
+    dev_root: Path = Path("/")
+    """Where ``dev/`` and ``proc/`` of the NVIDIA kernel module are, as this process sees it."""
+    host_dev_root: Path = Path("/")
+    """The same root as the host sees it."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,12 @@ class NodeConfig:
     """None: ``/``, or a generated root when simulating."""
     host_driver_root: Path | None = None
     """None: ``driver_root``."""
+    dev_root: Path | None = None
+    """None: ``/``, or a generated root when simulating."""
+    host_dev_root: Path | None = None
+    """None: ``dev_root``."""
+    cdi_hook_path: str | None = None
+    """Host path of ``nvidia-cdi-hook``; None: searched under the driver root."""
     simulate: str | None = None
     """A simulated node profile instead of real NVML."""
     sim_state: Path | None = None
@@ -53,6 +63,9 @@ class NodeConfig:
     pod_uid: str | None = None
     http_address: tuple[str, int] | None = ("127.0.0.1", 8080)
     """Host and port of ``/metrics``, ``/healthz``, ``/readyz``; None: not served."""
+    registration_timeout: float = 30.0
+    """Seconds to wait for the kubelet's registration before saying (log, ``/readyz``) that
+    it has not come; slices are published only after it, however long that takes."""
     shutdown_grace: float = 10.0
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     """How dead root tasks (the slice publisher) are restarted; not a flag."""
@@ -63,5 +76,7 @@ class NodeConfig:
         sim_state = (self.sim_state or data_dir / "sim") if self.simulate else None
         driver_root = self.driver_root or (
             data_dir / "sim-driver-root" if self.simulate else Path("/"))
+        dev_root = self.dev_root or (data_dir / "sim-dev-root" if self.simulate else Path("/"))
         return NodePaths(data_dir, sim_state, driver_root,
-                         self.host_driver_root or driver_root)
+                         self.host_driver_root or driver_root,
+                         dev_root, self.host_dev_root or dev_root)

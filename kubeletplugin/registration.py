@@ -3,7 +3,9 @@
 The kubelet discovers the registration socket, calls ``GetInfo``, validates the answer and
 reports the outcome with ``NotifyRegistrationStatus``. Its connection monitor keeps calling
 ``GetInfo`` (every 10 s, 10 s timeout, de-registering after two failures), so ``GetInfo``
-answers from values fixed at construction and never waits for anything.
+answers from values fixed at construction and never waits for anything. The first
+``NotifyRegistrationStatus(plugin_registered=true)`` is what the daemon waits for before it
+publishes (:mod:`.publish_gate`).
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ def supported_versions(*, health: bool) -> tuple[str, ...]:
 
 
 class RegistrationState:
-    """What the kubelet last told us about our registration (for readiness checks)."""
+    """What the kubelet told us about our registration (for publishing and readiness)."""
 
     def __init__(self) -> None:
         self.registered = asyncio.Event()
+        """Set while the kubelet's last word was "registered"."""
+        self.confirmed = asyncio.Event()
+        """Set at the first "registered" and never cleared: once the kubelet could call us,
+        what we published stays published, whatever a restarted kubelet says next."""
         self.error: str | None = None
 
     def record(self, *, registered: bool, error: str | None) -> None:
@@ -48,6 +54,7 @@ class RegistrationState:
         self.error = error
         if registered:
             self.registered.set()
+            self.confirmed.set()
         else:
             self.registered.clear()
 

@@ -7,7 +7,7 @@ The pools these refer to are built once, in ``pools``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpudra.scheduling.pools import Amount, CounterKey, DeviceEntry, DeviceId, PoolIndex
 
@@ -55,6 +55,15 @@ def untolerated_taint(taints: Iterable[Mapping[str, Any]],
     return None
 
 
+class CounterShortage(NamedTuple):
+    """Why a device's counters do not fit."""
+
+    reason: str
+    allocated: bool
+    """Devices allocated before this search hold the counters (not the search's own picks):
+    the device is unavailable whatever the search does."""
+
+
 class CounterLedger:
     """Counters taken by the devices of the allocation being searched, per pool."""
 
@@ -62,7 +71,7 @@ class CounterLedger:
         self._index = index
         self._taken: dict[tuple[str, str], dict[CounterKey, Amount]] = {}
 
-    def take(self, entry: DeviceEntry) -> str | None:
+    def take(self, entry: DeviceEntry) -> CounterShortage | None:
         """Take the device's counters, or say which counter would go below zero."""
         consumes = entry.consumes
         if not consumes:
@@ -71,13 +80,18 @@ class CounterLedger:
         # The scheduler re-checks every counter of the pool; only this device's can change.
         overdrawn = self._index.overdrawn(entry.pool)
         if overdrawn is not None:
-            return overdrawn
+            return CounterShortage(overdrawn, True)
+        for key, value in consumes:
+            if value > available.get(key, 0):
+                return CounterShortage(f"counter {key[1]} of set {key[0]} is held by allocated "
+                                       f"devices (needs {value}, {available.get(key, 0)} left)",
+                                       True)
         taken = self._taken.setdefault(entry.pool.key, {})
         for key, value in consumes:
             have = available.get(key, 0) - taken.get(key, 0)
             if value > have:
-                return (f"counter {key[1]} of set {key[0]} would go below zero "
-                        f"(needs {value}, {have} left)")
+                return CounterShortage(f"counter {key[1]} of set {key[0]} would go below zero "
+                                       f"(needs {value}, {have} left)", False)
         for key, value in consumes:
             taken[key] = taken.get(key, 0) + value
         return None

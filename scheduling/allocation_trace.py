@@ -4,12 +4,12 @@ why (the trace), the answer for a pod's claims on one node, and why-not summarie
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpudra.scheduling.claim_requests import Request
-from gpudra.scheduling.pools import DeviceId, PoolNote
+from gpudra.scheduling.pools import DeviceEntry, DeviceId, PoolNote
 
 
 class DeviceOutcome(NamedTuple):
@@ -19,8 +19,8 @@ class DeviceOutcome(NamedTuple):
     status: str
     """``chosen``, ``matches`` (selected by CEL, not needed) or ``rejected``."""
     code: str = ""
-    """Why, as a category: class-selector, request-selector, cel-error, allocated, in-claim,
-    taint, counters, constraint, wrong-node."""
+    """Why, as a category: class-selector, request-selector, cel-error, allocated (also its
+    counters held by allocated devices), in-claim, taint, counters, constraint, wrong-node."""
     reason: str = ""
 
 
@@ -35,6 +35,10 @@ class RequestTrace:
     """The search reached this (sub)request."""
     selected: bool = False
     """The allocation uses this (sub)request."""
+    expressions: dict[str, str] = field(default_factory=dict)
+    """The selector behind each "selector #i is false" reason."""
+    devices: Sequence[DeviceEntry] = ()
+    """The node's devices, in the order of ``outcomes`` (what the selectors saw)."""
 
     @property
     def chosen(self) -> list[DeviceId]:
@@ -83,14 +87,22 @@ def top_reasons(outcomes: Iterable[DeviceOutcome], limit: int = 3) -> str:
 
 
 def _why(outcomes: Iterable[DeviceOutcome]) -> str:
-    reasons = top_reasons(outcomes)
+    reasons = top_reasons(o for o in outcomes if not is_usable(o))
     return f" ({reasons})" if reasons else ""
 
 
+SEARCH_CONFLICTS = frozenset({"counters", "constraint", "in-claim"})
+"""Rejections of usable devices: only the devices the search picked for other slots clash."""
+
+
+def is_usable(outcome: DeviceOutcome) -> bool:
+    """The device passes the selectors, is free and tolerated (at most the search said no)."""
+    return outcome.status in ("chosen", "matches") or outcome.code in SEARCH_CONFLICTS
+
+
 def usable(trace: RequestTrace) -> int:
-    """Devices that pass the selectors, are free and tolerated (only the search rejected them)."""
-    return sum(1 for o in trace.outcomes if o.status in ("chosen", "matches")
-               or o.code in ("counters", "constraint", "in-claim"))
+    """How many devices of the trace are usable (:func:`is_usable`)."""
+    return sum(1 for o in trace.outcomes if is_usable(o))
 
 
 def shortfall(request: Request, trace: RequestTrace) -> str | None:

@@ -7,7 +7,7 @@ scheduler's error (a CEL runtime error aborts the allocation, as on a real clust
 a trace that says, for every device and request, whether it was chosen and otherwise why.
 
 The claim's requests are read in ``claim_requests``, the pools in ``pools``, and the trace
-types are in ``allocation_trace``. What stays here (~490 lines) is one thing: the search,
+types are in ``allocation_trace``. What stays here (~500 lines) is one thing: the search,
 a recursion over state shared by all its steps (``_Run``), kept in one file so its order
 of checks can be read next to the scheduler's.
 """
@@ -27,6 +27,7 @@ from gpudra.scheduling.allocation_state import (
     untolerated_taint,
 )
 from gpudra.scheduling.allocation_trace import (
+    SEARCH_CONFLICTS,
     Allocation,
     AllocationError,
     DeviceOutcome,
@@ -218,6 +219,8 @@ class _Run:
                 f"class {request.device_class}: deviceclass.resource.k8s.io "
                 f"\"{request.device_class}\" not found")
         checks = self._compiled(claim, request, device_class)
+        self.traces[key].expressions = {c.false.reason: c.selector.expression
+                                        for c in checks if c.selector is not None}
         self.verdicts[key] = [self._verdict(request, checks, e) for e in self.devices]
         if not request.all_mode:
             return request.count
@@ -254,9 +257,12 @@ class _Run:
         if busy is not None:
             self.dynamic[key][entry.id] = busy
             return False
-        reason = self.ledger.take(entry)
-        if reason is not None:
-            self.dynamic[key][entry.id] = _Verdict("counters", reason)
+        shortage = self.ledger.take(entry)
+        if shortage is not None:
+            # Counters held by existing allocations make the device unavailable, like the
+            # device itself being allocated; the search's own picks only make it a conflict.
+            code = "allocated" if shortage.allocated else "counters"
+            self.dynamic[key][entry.id] = _Verdict(code, shortage.reason)
             return False
         static = self.verdicts[key][self.positions[entry.id]]
         if static.code == "taint":
@@ -450,6 +456,7 @@ class _Run:
             ci, gi, ai = key
             request = self.claims[ci].groups[gi].alternatives[ai]
             trace.selected = done and self.claims[ci].selected.get(gi, 0) == ai
+            trace.devices = self.devices
             dynamic = self.dynamic[key]
             outcomes = trace.outcomes
             # (no verdicts: preparation stopped at an error before this request)
@@ -488,10 +495,10 @@ def _blocking(run: _Run, traces: list[RequestTrace]) -> str:
     dynamic: Counter[tuple[str, str]] = Counter()
     for (ci, gi, _), trace in by_key.items():
         for outcome in trace.outcomes:
-            if outcome.code in ("counters", "constraint", "in-claim"):
+            if outcome.code in SEARCH_CONFLICTS:
                 dynamic[(run.claims[ci].groups[gi].name, outcome.reason)] += 1
     if dynamic:
         (name, reason), count = dynamic.most_common(1)[0]
         return (f"request {name}: no combination of devices fits; most often: {reason} "
-                f"({count} devices)")
+                f"({count} device{'' if count == 1 else 's'})")
     return "no combination of devices satisfies all requests"

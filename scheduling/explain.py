@@ -1,8 +1,10 @@
 """``gpudra explain``: would the scheduler allocate these claims, where, and if not, why not.
 
 Runs the reference allocator on every node and condenses its traces: per request, how many
-devices match, which were chosen, and every rejection reason with its device and node
-counts, so a thousand-node answer stays a screenful; the JSON form keeps each node's detail.
+devices are usable, which were chosen, every rejection reason with its device and node
+counts (a false selector with the values it read), so a thousand-node answer stays a
+screenful. Then the opaque configs are checked as the driver will read them at prepare.
+What to explain is found in ``explain_subjects``; output is in ``explain_output``.
 """
 
 from __future__ import annotations
@@ -13,16 +15,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra.scheduling.allocation_trace import Allocation, DeviceOutcome, usable
+from gpudra.scheduling.allocation_trace import SEARCH_CONFLICTS, Allocation, usable
 from gpudra.scheduling.allocator import Allocator
 from gpudra.scheduling.catalog import STANDARD_ATTRIBUTES, STANDARD_DOMAIN, suggest
-from gpudra.scheduling.cel import CelCompileError, compile_selector
+from gpudra.scheduling.cel import CelCompileError, DeviceView, compile_selector
 from gpudra.scheduling.cel.values import split_name
-from gpudra.scheduling.validate import objects, pod_spec
+from gpudra.scheduling.explain_configs import decode_problems, device_problems
+from gpudra.scheduling.explain_subjects import ExplainError, Subject
+from gpudra.scheduling.selector_why import SelectorWhy
 
-
-class ExplainError(ValueError):
-    """The input cannot be explained (nothing to allocate, a dangling reference …)."""
+DEFAULT_DRIVER = "gpu.nvidia.com"
+SELECTOR_CODES = frozenset({"class-selector", "request-selector"})
 
 
 def default_device_classes(driver: str) -> list[dict[str, Any]]:
@@ -37,109 +40,33 @@ def default_device_classes(driver: str) -> list[dict[str, Any]]:
     ]
 
 
-# --- what to explain ------------------------------------------------------------------
-
 @dataclass
-class Subject:
-    """Claims the scheduler would allocate together: one claim, or all claims of a pod."""
+class SelectorDetail:
+    """A "selector #i is false" reason: the selector, and what it read, per device count."""
 
-    title: str
-    claims: list[dict[str, Any]]
+    expression: str
+    values: Counter[str] = field(default_factory=Counter)
 
-
-def _claim_from_template(template: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
-    meta = template.get("metadata") or {}
-    spec = (template.get("spec") or {}).get("spec") or {}
-    metadata = {"name": name or meta.get("name") or "<unnamed>"}
-    if meta.get("namespace"):
-        metadata["namespace"] = meta["namespace"]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": metadata, "spec": dict(spec)}
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("name") or meta.get("generateName") or "<unnamed>")
-
-
-def _title(kind: str, obj: Mapping[str, Any]) -> str:
-    namespace = (obj.get("metadata") or {}).get("namespace")
-    return f"{kind} {namespace + '/' if namespace else ''}{_name(obj)}"
-
-
-def subjects(documents: Iterable[Any]) -> tuple[list[Subject], list[dict[str, Any]]]:
-    """The claims to explain and the DeviceClasses found in the documents.
-
-    Pods (and workloads with a pod template) are explained with all their claims together;
-    claims and templates a pod uses are not explained a second time on their own.
-    """
-    items = list(objects(documents))
-    classes = [dict(o) for o in items if o.get("kind") == "DeviceClass"]
-    claims = {_name(o): o for o in items if o.get("kind") == "ResourceClaim"}
-    templates = {_name(o): o for o in items if o.get("kind") == "ResourceClaimTemplate"}
-    used: set[tuple[str, str]] = set()
-    found: list[Subject] = []
-    for obj in items:
-        spec = pod_spec(obj)
-        if spec is None or not spec.get("resourceClaims"):
-            continue
-        pod_claims = []
-        for entry in spec.get("resourceClaims") or []:
-            pod_claims.append(_pod_claim(obj, entry, claims, templates, used))
-        found.append(Subject(_title(str(obj.get("kind")), obj), pod_claims))
-    for name, claim in claims.items():
-        if ("claim", name) not in used:
-            found.append(Subject(_title("ResourceClaim", claim), [dict(claim)]))
-    for name, template in templates.items():
-        if ("template", name) not in used:
-            found.append(Subject(_title("ResourceClaimTemplate", template),
-                                 [_claim_from_template(template)]))
-    if not found:
-        raise ExplainError("nothing to explain: no ResourceClaim, ResourceClaimTemplate or Pod "
-                           "with resourceClaims in the input")
-    return found, classes
-
-
-def _pod_claim(pod: Mapping[str, Any], entry: Mapping[str, Any],
-               claims: Mapping[str, Mapping[str, Any]],
-               templates: Mapping[str, Mapping[str, Any]],
-               used: set[tuple[str, str]]) -> dict[str, Any]:
-    if entry.get("resourceClaimTemplateName"):
-        name = str(entry["resourceClaimTemplateName"])
-        if name not in templates:
-            raise ExplainError(f"{_title(str(pod.get('kind')), pod)} uses ResourceClaimTemplate "
-                               f"{name}, which is not in the input")
-        used.add(("template", name))
-        claim = _claim_from_template(templates[name], f"{_name(pod)}-{entry.get('name')}")
-        namespace = (pod.get("metadata") or {}).get("namespace")
-        if namespace:
-            claim["metadata"]["namespace"] = namespace
-        return claim
-    name = str(entry.get("resourceClaimName", ""))
-    if name not in claims:
-        raise ExplainError(f"{_title(str(pod.get('kind')), pod)} uses ResourceClaim {name}, "
-                           "which is not in the input")
-    used.add(("claim", name))
-    return dict(claims[name])
-
-
-# --- the explanation ------------------------------------------------------------------
 
 @dataclass
 class RequestSummary:
-    """One (sub)request over all nodes."""
+    """One (sub)request over all nodes. Every device is counted once: usable or not."""
 
     claim: str
     request: str
     device_class: str
     wanted: str
     matching: int = 0
-    """Devices that pass the selectors and are free (on all nodes)."""
+    """Usable devices: they pass the selectors, are free and tolerated (on all nodes)."""
     nodes_matching: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-    """Rejection reason → devices (on all nodes)."""
+    """Why the other devices are not usable: reason → devices (on all nodes)."""
     reason_nodes: Counter[str] = field(default_factory=Counter)
     """Rejection reason → nodes where it occurs."""
+    conflicts: Counter[str] = field(default_factory=Counter)
+    """Usable devices the search did not take, and why (counters, constraints …)."""
+    details: dict[str, SelectorDetail] = field(default_factory=dict)
+    """For a false selector among ``reasons``: its expression and the values it read."""
 
 
 @dataclass
@@ -154,14 +81,24 @@ class Explanation:
     skipped_pools: Counter[str]
     other_nodes: list[str] = field(default_factory=list)
     """Nodes with devices that were left out (their pools are on the wrong node)."""
+    config_errors: list[str] = field(default_factory=list)
+    """Opaque configs the driver refuses at prepare (field path first)."""
 
     @property
     def allocatable(self) -> bool:
-        return self.verdict_allocation is not None and self.verdict_allocation.allocatable
+        """The scheduler would allocate (whatever happens at prepare)."""
+        return (self.verdict_allocation is not None and self.verdict_allocation.allocatable
+                and not self.subject.unavailable)
+
+    @property
+    def ok(self) -> bool:
+        """Allocated, and prepared: the pod would start."""
+        return self.allocatable and not self.config_errors
 
 
 def explain(subject: Subject, allocator: Allocator, nodes: Sequence[str],
-            labels: Mapping[str, Mapping[str, str]] | None = None) -> Explanation:
+            labels: Mapping[str, Mapping[str, str]] | None = None, *,
+            driver: str = DEFAULT_DRIVER) -> Explanation:
     """Allocate the subject's claims on every node and condense what happened."""
     if not nodes:
         raise ExplainError("no nodes to allocate on: no ResourceSlices with devices")
@@ -172,15 +109,23 @@ def explain(subject: Subject, allocator: Allocator, nodes: Sequence[str],
     fitting = [a for a in allocations if a.allocatable]
     skipped: Counter[str] = Counter(note.reason for a in allocations for note in a.pools)
     verdict_allocation = fitting[0] if fitting else allocations[0]
-    verdict = _verdict(allocations, fitting, hints)
+    config_errors = decode_problems(subject, allocator, driver)
+    if fitting and not config_errors:
+        config_errors = device_problems(subject, allocator, verdict_allocation, driver)
+    verdict = _verdict(subject, allocations, fitting, hints, config_errors)
     considered = set(nodes)
     others = [n for n in allocator.nodes() if n not in considered]
     return Explanation(subject, list(nodes), allocations, summaries, verdict,
-                       verdict_allocation, hints, skipped, others)
+                       verdict_allocation, hints, skipped, others, config_errors)
 
 
 def _summaries(allocations: Sequence[Allocation]) -> list[RequestSummary]:
     summaries: dict[tuple[str, str], RequestSummary] = {}
+    # False selectors are explained once per distinct device dict (nodes of one model share
+    # them): count devices per (summary, reason, dict) first, evaluate after.
+    pending: Counter[tuple[tuple[str, str], str, int]] = Counter()
+    views: dict[int, DeviceView] = {}
+    expressions: dict[tuple[tuple[str, str], str], str] = {}
     for allocation in allocations:
         for trace in allocation.requests:
             key = (trace.claim, trace.request)
@@ -192,9 +137,25 @@ def _summaries(allocations: Sequence[Allocation]) -> list[RequestSummary]:
             matching = usable(trace)
             summary.matching += matching
             summary.nodes_matching += matching > 0
-            reasons = Counter(o.reason for o in trace.outcomes if o.status == "rejected")
+            reasons: Counter[str] = Counter()
+            for outcome, entry in zip(trace.outcomes, trace.devices, strict=False):
+                if outcome.status != "rejected":
+                    continue
+                if outcome.code in SEARCH_CONFLICTS:
+                    summary.conflicts[outcome.reason] += 1
+                    continue
+                reasons[outcome.reason] += 1
+                if outcome.code in SELECTOR_CODES and outcome.reason in trace.expressions:
+                    expressions[(key, outcome.reason)] = trace.expressions[outcome.reason]
+                    pending[(key, outcome.reason, id(entry.raw))] += 1
+                    views[id(entry.raw)] = entry.view
             summary.reasons.update(reasons)
             summary.reason_nodes.update(reasons.keys())
+    why = SelectorWhy()
+    for (key, reason, raw), count in pending.items():
+        expression = expressions[(key, reason)]
+        detail = summaries[key].details.setdefault(reason, SelectorDetail(expression))
+        detail.values[why.why(compile_selector(expression), views[raw])] += count
     return list(summaries.values())
 
 
@@ -209,13 +170,23 @@ def _device_list(allocation: Allocation) -> str:
 _NO_SUCH_KEY = re.compile(r"no such key: (\w+)")
 
 
-def _verdict(allocations: Sequence[Allocation], fitting: Sequence[Allocation],
-             hints: Sequence[str]) -> str:
+def _verdict(subject: Subject, allocations: Sequence[Allocation],
+             fitting: Sequence[Allocation], hints: Sequence[str],
+             config_errors: Sequence[str]) -> str:
     total = len(allocations)
+    if subject.unavailable:
+        names = ", ".join(subject.unavailable)
+        return (f"NOT ALLOCATABLE: no DeviceClass provides {names} (extendedResourceName); "
+                "only a device plugin could")
     if fitting:
         first = fitting[0]
         where = f" (fits on {len(fitting)} of {total} nodes)" if total > 1 else ""
-        return f"ALLOCATABLE on node {first.node}: {_device_list(first)}{where}"
+        allocated = f"on node {first.node}: {_device_list(first)}{where}"
+        if config_errors:
+            more = f" (and {len(config_errors) - 1} more)" if len(config_errors) > 1 else ""
+            return (f"FAILS AT PREPARE: {config_errors[0]}{more}; the scheduler would allocate "
+                    f"{allocated}, then the driver refuses the config when the pod starts")
+        return f"ALLOCATABLE {allocated}"
     reasons = Counter(a.error or a.blocking or "unknown" for a in allocations)
     reason, count = reasons.most_common(1)[0]
     missing = _NO_SUCH_KEY.search(reason)
@@ -286,103 +257,3 @@ def _hints(subject: Subject, allocator: Allocator) -> list[str]:
             if text not in hints:
                 hints.append(text)
     return hints
-
-
-# --- output -----------------------------------------------------------------------------
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _node_range(nodes: Sequence[str]) -> str:
-    if len(nodes) == 1:
-        return nodes[0]
-    if len(nodes) <= 3:
-        return ", ".join(nodes)
-    return f"{nodes[0]} … {nodes[-1]}"
-
-
-def render_table(explanation: Explanation) -> list[str]:
-    """Human-readable lines; identical reasons are counted, never listed per device."""
-    nodes = explanation.nodes
-    many = len(nodes) > 1
-    lines = [f"{explanation.subject.title}: {_plural(len(nodes), 'node')} ({_node_range(nodes)})"]
-    verdict_allocation = explanation.verdict_allocation
-    traces = {(t.claim, t.request): t for t in verdict_allocation.requests} \
-        if verdict_allocation else {}
-    for summary in explanation.requests:
-        trace = traces.get((summary.claim, summary.request))
-        prefix = f"claim {summary.claim}, " if len(explanation.subject.claims) > 1 else ""
-        wanted = "all devices" if summary.wanted == "All" else _plural(int(summary.wanted),
-                                                                        "device")
-        state = ""
-        if "/" in summary.request and trace is not None:
-            state = " [selected]" if trace.selected else (
-                " [tried]" if trace.tried else " [not tried]")
-        lines.append(f"  {prefix}request {summary.request}: {wanted} of class "
-                     f"{summary.device_class}{state}")
-        if trace is not None and trace.chosen and verdict_allocation is not None:
-            names = ", ".join(d[2] for d in trace.chosen)
-            lines.append(f"    chosen on {verdict_allocation.node}: {names}")
-        on = f" on {_plural(summary.nodes_matching, 'node')}" if many else ""
-        lines.append(f"    {_plural(summary.matching, 'device')} usable{on}")
-        if summary.reasons:
-            lines.append("    not usable:" if not many else "    not usable (devices, nodes):")
-            width = len(str(summary.reasons.most_common(1)[0][1]))
-            for reason, count in summary.reasons.most_common():
-                where = f" on {_plural(summary.reason_nodes[reason], 'node')}" if many else ""
-                lines.append(f"      {count:>{width}}{where}  {reason}")
-    for reason, count in explanation.skipped_pools.most_common():
-        lines.append(f"  pools skipped: {reason}" + (f" ({count})" if count > 1 else ""))
-    if explanation.other_nodes:
-        lines.append(f"  not considered: devices of {_plural(len(explanation.other_nodes), 'node')}"
-                     f" ({_node_range(explanation.other_nodes)}): wrong node")
-    for hint in explanation.hints:
-        lines.append(f"  hint: {hint}")
-    lines.append(explanation.verdict)
-    return lines
-
-
-def _outcome_groups(outcomes: Sequence[DeviceOutcome]) -> dict[str, Any]:
-    rejected: dict[str, list[str]] = {}
-    for outcome in outcomes:
-        if outcome.status == "rejected":
-            rejected.setdefault(outcome.reason, []).append(outcome.device[2])
-    return {
-        "chosen": [o.device[2] for o in outcomes if o.status == "chosen"],
-        "matching": [o.device[2] for o in outcomes if o.status == "matches"],
-        "rejected": rejected,
-    }
-
-
-def to_json(explanation: Explanation) -> dict[str, Any]:
-    """Everything: the summary, the verdict, and each node's allocation and trace."""
-    best = explanation.verdict_allocation
-    return {
-        "subject": explanation.subject.title,
-        "claims": [c.get("metadata", {}).get("name") for c in explanation.subject.claims],
-        "verdict": explanation.verdict,
-        "allocatable": explanation.allocatable,
-        "node": best.node if best is not None and best.allocatable else None,
-        "results": best.results if best is not None else None,
-        "hints": explanation.hints,
-        "otherNodes": explanation.other_nodes,
-        "requests": [{
-            "claim": s.claim, "request": s.request, "deviceClass": s.device_class,
-            "wanted": s.wanted, "usable": s.matching, "nodesWithUsable": s.nodes_matching,
-            "rejected": [{"reason": r, "devices": n, "nodes": s.reason_nodes[r]}
-                         for r, n in s.reasons.most_common()],
-        } for s in explanation.requests],
-        "nodes": [{
-            "node": a.node,
-            "allocatable": a.allocatable,
-            "error": a.error,
-            "blocking": a.blocking,
-            "results": a.results,
-            "skippedPools": [{"driver": p.driver, "pool": p.pool, "reason": p.reason}
-                             for p in a.pools],
-            "requests": [{"claim": t.claim, "request": t.request, "tried": t.tried,
-                          "selected": t.selected, **_outcome_groups(t.outcomes)}
-                         for t in a.requests],
-        } for a in explanation.allocations],
-    }

@@ -305,6 +305,11 @@ class PoolIndex:
             pool.devices_by_slice[name] = entries
         return entries
 
+    def entries(self) -> dict[DeviceId, DeviceEntry]:
+        """Every device entry built so far (by the nodes allocated on), by id."""
+        return {entry.id: entry for pool in self.pools
+                for entries in pool.devices_by_slice.values() for entry in entries}
+
     def available(self, pool: Pool) -> dict[CounterKey, Amount]:
         """Shared counters of a pool minus what already-allocated devices consume (cached)."""
         found = self._available.get(pool.key)

@@ -1,9 +1,11 @@
 """CEL selectors checked against what this driver publishes (``catalog``).
 
-A selector is compiled as the apiserver compiles it; then every attribute and capacity it
-reads is looked up in the catalog (a misspelt name compiles fine but makes every allocation
-fail), comparisons the scheduler rejects at runtime are found (a ``version`` attribute
-compared with a string), and ``quantity()``/``semver()`` literals are parsed.
+A selector is compiled and type-checked as the apiserver does it (what fails there is an
+error the apiserver refuses at create); then every attribute and capacity it reads is
+looked up in the catalog (a misspelt name compiles fine but makes every allocation fail),
+what the scheduler rejects at runtime is found (a ``version`` attribute compared with a
+string or passed to ``string()``: attribute values have no static type), and
+``quantity()``/``semver()`` literals are parsed.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def check_expression(check: Checker, path: str, expression: str) -> None:
         if exc.unsupported:
             check.warn(path, f"not checked: {exc}")
         else:
-            check.error(path, f"Invalid value: CEL compile error: {exc}")
+            hint = f"; {exc.hint}" if exc.hint else ""
+            check.error(path, f"Invalid value: CEL compile error: {exc}{hint}")
         return
     for reference in selector.analysis.references:
         _reference(check, path, reference)
@@ -56,6 +59,8 @@ def check_expression(check: Checker, path: str, expression: str) -> None:
         _comparison(check, path, comparison)
     for call in selector.analysis.literal_calls:
         _literal_call(check, path, call)
+    for reference in selector.analysis.converted:
+        _conversion(check, path, reference)
 
 
 def _reference(check: Checker, path: str, ref: Reference) -> None:
@@ -82,17 +87,17 @@ def _reference(check: Checker, path: str, ref: Reference) -> None:
 
 
 def _comparison(check: Checker, path: str, comparison: Comparison) -> None:
-    """Operand types the scheduler rejects at runtime, or that make a test constant.
+    """Attribute comparisons the scheduler rejects at runtime, or that make a test constant.
 
-    Quantity and Semver have no ordering operators, and on the left of ``==`` they
-    refuse other types ("no such overload"); plain values of different types are just
+    Attribute values are ``dyn`` to the type check, so only a device shows that
+    ``driverVersion`` is a Semver: it has no ordering operators, and on the left of ``==``
+    it refuses other types ("no such overload"); plain values of different types are just
     unequal (heterogeneous equality).
     """
     ref = comparison.reference
     if ref.kind == "capacity":
-        kind: str | None = "quantity"
-    else:
-        kind = (known_attributes(ref.domain, check.driver) or {}).get(ref.name)
+        return  # statically a Quantity: the type check already refused every mismatch
+    kind = (known_attributes(ref.domain, check.driver) or {}).get(ref.name)
     if kind is None:
         return
     literal = comparison.literal_type
@@ -120,15 +125,21 @@ def _comparison(check: Checker, path: str, comparison: Comparison) -> None:
                     "scheduling time ('no such overload')")
 
 
+def _conversion(check: Checker, path: str, ref: Reference) -> None:
+    """``string(<version attribute>)``: Semver has no string conversion."""
+    kind = (known_attributes(ref.domain, check.driver) or {}).get(ref.name)
+    if ref.kind == "attribute" and kind == "version":
+        check.later(path, f"line {ref.line}, column {ref.column}: {ref.name} is a version: "
+                    "string() of it fails at scheduling time ('no such overload'); compare it "
+                    "with semver('…') or use its major(), minor() and patch()")
+
+
 def _advice(ref: Reference, kind: str, comparison: Comparison) -> str:
     field = "attributes" if ref.kind == "attribute" else "capacity"
     op = "==" if comparison.op == "in" else comparison.op
-    if kind == "version":
-        value = f"semver('{_semver_example(comparison.literal)}')"
-    elif kind == "quantity":
-        value = f"quantity('{comparison.literal}')"
-    else:
+    if kind != "version":
         return "compare values of the same type"
+    value = f"semver('{_semver_example(comparison.literal)}')"
     return f"use device.{field}['{ref.domain}'].{ref.name}.compareTo({value}) {op} 0"
 
 

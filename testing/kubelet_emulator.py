@@ -12,6 +12,11 @@ It does what the kubelet's plugin watcher and DRA manager do, as a gRPC client:
   with the kubelet's 45 s per-call timeout, and rejects responses the kubelet would reject
   (a requested claim missing, or a claim that was not requested).
 
+``discover()`` registers what is there once; ``watch()`` (or :class:`BackgroundKubelet`,
+from synchronous code) keeps registering sockets as they appear or are replaced, retrying a
+failed one each second, like the kubelet's plugin watcher and reconciler. A daemon that
+waits for registration before publishing needs one of those running.
+
 Emulate a 1.32/1.33 kubelet (v1beta1 only) with ``services=(DRA_V1BETA1_ADVERTISED,)``.
 """
 
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +51,8 @@ KUBELET_SERVICES = (DRA_V1_ADVERTISED, DRA_V1BETA1_ADVERTISED)
 CALL_TIMEOUT = 45.0  # the kubelet's defaultClientCallTimeout
 GET_INFO_TIMEOUT = 10.0  # the plugin watcher's getInfoTimeout
 CONNECT_TIMEOUT = 5.0
+RECONCILE_PERIOD = 1.0  # the plugin manager's reconciler retries a failed registration
+WATCH_INTERVAL = 0.01  # the kubelet is told by inotify; polling this often is close enough
 
 _MODULES = {
     DRA_V1_ADVERTISED: (dra_v1_pb2, dra_v1_pb2_grpc),
@@ -73,6 +82,9 @@ class PluginInstance:
     info: registration_pb2.PluginInfo
     channel: Any = field(repr=False)
     stub: Any = field(repr=False)
+    socket_id: tuple[int, int] | None = field(default=None, repr=False)
+    """(inode, mtime) of the registration socket when registered: a replaced socket (the
+    plugin restarted) is a new plugin."""
 
 
 class KubeletEmulator:
@@ -89,6 +101,7 @@ class KubeletEmulator:
         self.services = tuple(services)
         self.call_timeout = call_timeout
         self.instances: list[PluginInstance] = []  # registration order, like the kubelet
+        self.failures: dict[Path, str] = {}  # watch(): sockets whose registration failed
 
     @classmethod
     async def discover(
@@ -109,21 +122,54 @@ class KubeletEmulator:
         return kubelet
 
     async def rescan(self) -> list[PluginInstance]:
-        """Forget plugins whose socket is gone, register new sockets; return the new ones."""
-        for instance in [i for i in self.instances if not i.registration_socket.exists()]:
+        """Forget plugins whose socket is gone or replaced, register new sockets; return the
+        new ones."""
+        await self._forget_gone()
+        return [await self.register(path) for path in self._new_sockets()]
+
+    async def watch(self, *, interval: float = WATCH_INTERVAL,
+                    retry: float = RECONCILE_PERIOD) -> None:
+        """Register plugin sockets as they appear or are replaced, until cancelled.
+
+        A registration that fails (refused, or the socket does not answer) is kept in
+        ``failures`` and tried again ``retry`` seconds later, as the kubelet does.
+        """
+        failed_at: dict[Path, float] = {}
+        while True:
+            await self._forget_gone()
+            for path in self._new_sockets():
+                if time.monotonic() - failed_at.get(path, -retry) < retry:
+                    continue
+                try:
+                    await self.register(path)
+                except (RegistrationError, grpc.aio.AioRpcError, OSError) as exc:
+                    failed_at[path] = time.monotonic()
+                    self.failures[path] = str(exc)
+                else:
+                    failed_at.pop(path, None)
+                    self.failures.pop(path, None)
+            await asyncio.sleep(interval)
+
+    async def _forget_gone(self) -> None:
+        for instance in [i for i in self.instances
+                         if _socket_id(i.registration_socket) != i.socket_id]:
             self.instances.remove(instance)
             await instance.channel.close()
+
+    def _new_sockets(self) -> list[Path]:
+        """Registration sockets not registered yet, oldest first."""
         known = {instance.registration_socket for instance in self.instances}
-        found = sorted(
-            (path for path in self.registrar_dir.glob("*-reg.sock")
-             if not path.name.startswith(".") and path not in known),
-            key=lambda path: (path.stat().st_mtime_ns, path.name),
-        )
-        return [await self.register(path) for path in found]
+        found = []
+        for path in self.registrar_dir.glob("*-reg.sock"):
+            socket_id = _socket_id(path)
+            if not path.name.startswith(".") and path not in known and socket_id is not None:
+                found.append((socket_id[1], path.name, path))
+        return [path for _, _, path in sorted(found)]
 
     async def register(self, registration_socket: str | Path) -> PluginInstance:
         """The plugin watcher's handshake with one registration socket."""
         socket = Path(registration_socket)
+        socket_id = _socket_id(socket)
         async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
             registration = _registration_stub(channel)
             info = await registration.GetInfo(
@@ -148,6 +194,7 @@ class KubeletEmulator:
             except BaseException:
                 await instance.channel.close()
                 raise
+        instance.socket_id = socket_id
         self.instances.append(instance)
         return instance
 
@@ -249,6 +296,88 @@ class KubeletEmulator:
             raise
         stub = _MODULES[service][1].DRAPluginStub(channel)
         return PluginInstance(info.name, info.endpoint, service, socket, info, channel, stub)
+
+
+class BackgroundKubelet:
+    """A kubelet that registers plugins in ``registrar_dir`` from a thread of its own, for
+    synchronous code (test helpers, the demo) that starts a daemon as a process.
+
+    Start and stop it like a kubelet: ``start()`` (which creates ``registrar_dir``, as the
+    kubelet does) and ``stop()``, or ``with``. It makes no DRA calls; a
+    :class:`KubeletEmulator` in the caller's event loop does those. It also stops once
+    ``registrar_dir`` is removed (a test's temporary directory was cleaned up).
+    """
+
+    def __init__(self, registrar_dir: str | Path, *,
+                 services: Sequence[str] = KUBELET_SERVICES) -> None:
+        self.registrar_dir = Path(registrar_dir)
+        self._services = tuple(services)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._registered: list[str] = []
+        self._failures: dict[Path, str] = {}
+
+    def start(self) -> BackgroundKubelet:
+        if self._thread is not None:
+            raise RuntimeError("BackgroundKubelet.start() called twice")
+        self.registrar_dir.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()),
+                                        name=f"kubelet:{self.registrar_dir}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def registered(self) -> list[str]:
+        """Endpoints registered now, in registration order."""
+        with self._lock:
+            return list(self._registered)
+
+    @property
+    def failures(self) -> dict[Path, str]:
+        """Registration sockets whose last registration failed, and why."""
+        with self._lock:
+            return dict(self._failures)
+
+    def __enter__(self) -> BackgroundKubelet:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+    async def _run(self) -> None:
+        kubelet = KubeletEmulator(self.registrar_dir, services=self._services)
+        watching = asyncio.create_task(kubelet.watch(), name="plugin-watcher")
+        try:
+            while not self._stop.is_set() and not watching.done():
+                with self._lock:
+                    self._registered = [i.endpoint for i in kubelet.instances]
+                    self._failures = dict(kubelet.failures)
+                if not self.registrar_dir.exists():
+                    break
+                await asyncio.sleep(WATCH_INTERVAL)
+        finally:
+            watching.cancel()
+            [outcome] = await asyncio.gather(watching, return_exceptions=True)
+            if outcome is not None and not isinstance(outcome, asyncio.CancelledError):
+                with self._lock:  # a bug in the watcher: say so instead of going quiet
+                    self._failures[self.registrar_dir] = f"plugin watcher died: {outcome!r}"
+            await kubelet.close()
+
+
+def _socket_id(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of a socket file; None when it is not there."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 def _registration_stub(channel: Any) -> Any:

@@ -23,6 +23,8 @@ def install(profile: str, state_dir: Path) -> SimulatedNvml:
 
     The first install on an empty directory creates the state from the profile (including
     pre-created MIG instances); later installs, in this or any process, continue from it.
+    Installing another profile there swaps the node's hardware: its fresh state replaces
+    the old one.
     Call again to switch profile or directory; call ``pynvml.nvmlInit()`` afterwards.
     """
     library = SimulatedNvml(profile, Path(state_dir))

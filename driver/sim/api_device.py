@@ -28,6 +28,8 @@ from .profiles import NvLink, PciAddress
 from .state import ProcessState
 
 _MIB = 1024 * 1024
+_ARCH_HOPPER = 9  # nvmlDeviceArchitecture_t
+_ADDRESSING_MODE_HMM = 1  # nvmlDeviceAddressingModeType_t
 
 
 def _fill_pci(info: Any, pci: PciAddress, device_id: int) -> None:
@@ -64,7 +66,11 @@ class DeviceApi(LibraryCore):
 
     @symbol
     def nvmlDeviceGetIndex(self, device: object, index: object) -> None:
-        put(index, self.full_gpu(device, live=False)[0].index)
+        """The enumeration index, which skips pulled boards (the minor number does not)."""
+        slot, gpu = self.full_gpu(device, live=False)
+        if not gpu.present:
+            raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
+        put(index, self.present(self.state()).index(slot.index))
 
     @symbol
     def nvmlDeviceGetPciInfo_v3(self, device: object, pci: object) -> None:
@@ -89,6 +95,18 @@ class DeviceApi(LibraryCore):
     @symbol
     def nvmlDeviceGetNumaNodeId(self, device: object, node: object) -> None:
         put(node, self.full_gpu(device, live=False)[0].numa_node)
+
+    @symbol
+    def nvmlDeviceGetAddressingMode(self, device: object, mode: object) -> None:
+        """HMM on Hopper and newer (the simulated nodes are x86 with the open kernel
+        module); NOT_SUPPORTED before, as on platforms without coherent addressing."""
+        architecture = self.device(device, live=False).slot.model.architecture
+        if architecture < _ARCH_HOPPER:
+            raise NvmlFailure(Return.ERROR_NOT_SUPPORTED)
+        info = target(mode)
+        if struct_version(info) != 1:
+            raise NvmlFailure(Return.ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.value = _ADDRESSING_MODE_HMM
 
     # --- memory and attributes (MIG too) ------------------------------------------------------
 

@@ -116,7 +116,8 @@ class EventApi(LibraryCore):
                                          if event.compute_instance_id is None
                                          else event.compute_instance_id)
                 return
-            if any(state.gpus[i].lost for i in evset.registrations):
+            if any(state.gpus[i].lost or not state.gpus[i].present
+                   for i in evset.registrations):
                 raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -54,27 +54,32 @@ class SystemApi(LibraryCore):
 
     # --- device lookup ------------------------------------------------------------------------
 
+    # Only boards in their slots are enumerated; device indexes close up around a pulled
+    # one, as they do when a GPU is missing at driver load.
+
     @symbol
     def nvmlDeviceGetCount_v2(self, count: object) -> None:
-        put(count, len(self.node.gpus))
+        put(count, len(self.present(self.state())))
 
     @symbol
     def nvmlDeviceGetHandleByIndex_v2(self, index: object, device: object) -> None:
         i = as_int(index)
-        if not 0 <= i < len(self.node.gpus):
+        present = self.present(self.state())
+        if not 0 <= i < len(present):
             raise invalid()
-        put_handle(device, self.gpu_handle(i))
+        put_handle(device, self.gpu_handle(present[i]))
 
     @symbol
     def nvmlDeviceGetHandleByUUID(self, uuid: object, device: object) -> None:
         """Full GPUs by ``GPU-…`` and MIG devices by ``MIG-…`` UUID."""
         wanted = as_text(uuid).strip()
-        for slot in self.node.gpus:
-            if slot.uuid == wanted:
-                put_handle(device, self.gpu_handle(slot.index))
+        state = self.state()
+        for index in self.present(state):
+            if self.slot(index, state.gpus[index]).uuid == wanted:
+                put_handle(device, self.gpu_handle(index))
                 return
-        for index, gpu in enumerate(self.state().gpus):
-            found = gpu.mig_device(wanted)
+        for index in self.present(state):
+            found = state.gpus[index].mig_device(wanted)
             if found is not None:
                 put_handle(device, self.mig_handle(index, found[1]))
                 return
@@ -86,8 +91,8 @@ class SystemApi(LibraryCore):
             wanted = PciAddress.parse(as_text(bus_id))
         except ValueError:
             raise invalid() from None
-        for slot in self.node.gpus:
-            if slot.pci == wanted:
-                put_handle(device, self.gpu_handle(slot.index))
+        for index in self.present(self.state()):
+            if self.node.gpus[index].pci == wanted:
+                put_handle(device, self.gpu_handle(index))
                 return
         raise NvmlFailure(Return.ERROR_NOT_FOUND)

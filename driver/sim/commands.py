@@ -8,17 +8,20 @@ its pipe directory, as the real daemon does, so start, configure and quit are ob
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpudra.driver.commands import CommandError
+from gpudra.driver.sim.mps_daemon import REPLY
 
 STARTUP_TIMEOUT = 5.0
 
@@ -73,27 +76,72 @@ class SimulatedCommandRunner:
         control = pipe / "control"
         if args == ["-d"]:
             if control.exists():
-                raise CommandError("nvidia-cuda-mps-control -d: An instance of this daemon is "
-                                   "already running")
-            # Like the real `-d`: the launcher forks the daemon off and returns at once.
+                if _listening(control):
+                    raise CommandError("nvidia-cuda-mps-control -d: An instance of this daemon "
+                                       "is already running")
+                control.unlink()  # left by a daemon that was killed
+            # Like the real `-d`: the launcher forks the daemon off and returns at once; its
+            # own session keeps it out of our process group's signals (Ctrl-C, a group kill).
             subprocess.run(
                 [sys.executable, "-m", "gpudra.driver.sim.mps_daemon", "--daemonize", str(pipe),
                  str(logs)],
                 env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, check=True, timeout=STARTUP_TIMEOUT)
+                stderr=subprocess.DEVNULL, check=True, timeout=STARTUP_TIMEOUT,
+                start_new_session=True)
             deadline = time.monotonic() + STARTUP_TIMEOUT
             while not control.exists():
                 if time.monotonic() > deadline:
                     raise CommandError("nvidia-cuda-mps-control -d: daemon did not start")
                 time.sleep(0.01)
             return ""
-        if not control.exists():
-            raise CommandError("nvidia-cuda-mps-control: cannot find MPS control daemon process")
-        # A FIFO open blocks until the daemon reads: it is listening, so this is prompt.
-        with control.open("w") as fifo:
-            fifo.write(stdin if stdin.endswith("\n") else stdin + "\n")
-        if stdin.strip() == "quit":
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while control.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+        lines = stdin if stdin.endswith("\n") else stdin + "\n"
+        quitting = "quit" in (line.strip() for line in lines.splitlines())
+        # Like the real client, return once the daemon has handled the commands: it
+        # answers by creating the reply file named in the last line.
+        reply = pipe / f"reply-{os.getpid()}-{threading.get_ident()}"
+        reply.unlink(missing_ok=True)
+        if not quitting:
+            lines += f"{REPLY} {reply}\n"
+        fd = _open_writer(control)
+        with os.fdopen(fd, "w") as fifo:
+            fifo.write(lines)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        # quit: until the daemon has gone; anything else: until it answered
+        while control.exists() if quitting else not reply.exists():
+            if time.monotonic() > deadline:
+                raise CommandError("nvidia-cuda-mps-control: no answer from the MPS control "
+                                   f"daemon in {STARTUP_TIMEOUT:g}s")
+            time.sleep(0.005)
+        reply.unlink(missing_ok=True)
         return ""
+
+
+def _listening(control: Path) -> bool:
+    try:
+        os.close(_open_writer(control, timeout=0.2))
+    except CommandError:
+        return False
+    return True
+
+
+def _open_writer(control: Path, timeout: float = STARTUP_TIMEOUT) -> int:
+    """Open the daemon's FIFO for writing without blocking forever on a dead daemon.
+
+    A blocking open would wait for a reader that never comes; non-blocking fails with ENXIO
+    while no one reads, which is also the short moment the daemon re-opens between clients.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(control, os.O_WRONLY | os.O_NONBLOCK)
+        except FileNotFoundError as exc:
+            raise CommandError("nvidia-cuda-mps-control: cannot find MPS control daemon "
+                               "process") from exc
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise CommandError("nvidia-cuda-mps-control: cannot find MPS control daemon "
+                                   f"process ({exc.strerror})") from exc
+            time.sleep(0.01)
+            continue
+        os.set_blocking(fd, True)  # the write itself may wait for the daemon to read
+        return fd

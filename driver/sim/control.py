@@ -1,7 +1,16 @@
-"""``SimControl``: the test and operator side of a simulated node (processes, XIDs, faults).
+"""``SimControl``: the test and operator side of a simulated node (processes, XIDs, faults,
+hardware changes).
 
 Works from any process on the same state directory: every change is one locked update of
 the state file, which every simulated NVML call (in any process) sees on its next call.
+
+Hardware changes are made per slot, as on a real server: a board pulled out of its slot
+(:meth:`SimControl.remove_gpu`) is not enumerated any more and answers GPU_IS_LOST to a
+process still holding its handle; :meth:`SimControl.insert_gpu` puts the same board back
+and :meth:`SimControl.replace_gpu` puts a new board of the same model (a new UUID, MIG off,
+nothing on it) in. A whole node is swapped by installing another profile on the same state
+directory (:func:`gpudra.driver.sim.install`). GPU indexes here are slots (the minor
+number), which stay put when a board is missing.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from typing import Any
 
 from . import mig
 from .codes import MIG_ENABLE, NvmlFailure
-from .profiles import NodeProfile, node_profile
+from .profiles import NodeProfile, gpu_uuid, node_profile
 from .state import GpuState, NodeState, ProcessState, StateStore, XidEvent
 
 
@@ -25,10 +34,18 @@ class SimControl:
                 f"no simulated node in {state_dir} (install() the simulator there first)")
         self.node: NodeProfile = node_profile(self.store.read().profile)
 
-    def _gpu(self, state: NodeState, gpu_index: int) -> GpuState:
+    def _gpu(self, state: NodeState, gpu_index: int, *, present: bool = True) -> GpuState:
         if not 0 <= gpu_index < len(state.gpus):
             raise ValueError(f"no GPU {gpu_index} on this {len(state.gpus)}-GPU node")
-        return state.gpus[gpu_index]
+        gpu = state.gpus[gpu_index]
+        if present and not gpu.present:
+            raise ValueError(f"GPU {gpu_index} is removed (insert-gpu or replace-gpu first)")
+        return gpu
+
+    def gpu_uuid(self, gpu_index: int) -> str:
+        """The UUID of the board in slot ``gpu_index`` now."""
+        gpu = self._gpu(self.store.read(), gpu_index, present=False)
+        return gpu_uuid(self.node.name, gpu_index, gpu.board)
 
     def add_process(self, gpu_index: int, pid: int, mig_uuid: str | None = None, *,
                     used_memory_mib: int = 0) -> None:
@@ -69,6 +86,25 @@ class SimControl:
         with self.store.update() as state:
             self._gpu(state, gpu_index).lost = lost
 
+    def remove_gpu(self, gpu_index: int) -> None:
+        """Pull the board out of its slot; its state (MIG layout …) goes with it."""
+        with self.store.update() as state:
+            self._gpu(state, gpu_index).present = False
+
+    def insert_gpu(self, gpu_index: int) -> None:
+        """Put the board that was pulled out back, as it was."""
+        with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index, present=False)
+            if gpu.present:
+                raise ValueError(f"GPU {gpu_index} is in its slot already")
+            gpu.present = True
+
+    def replace_gpu(self, gpu_index: int) -> None:
+        """A new board of the same model in the slot: a new UUID, MIG off, nothing on it."""
+        with self.store.update() as state:
+            old = self._gpu(state, gpu_index, present=False)
+            state.gpus[gpu_index] = GpuState(board=old.board + 1)
+
     def reset_gpu(self, gpu_index: int) -> None:
         """Reset a GPU: a pending MIG mode applies and all MIG devices are gone."""
         with self.store.update() as state:
@@ -85,12 +121,13 @@ class SimControl:
             profiles = {p.id: p for p in slot.model.mig.profiles} if slot.model.mig else {}
             gpus.append({
                 "index": slot.index,
-                "uuid": slot.uuid,
+                "uuid": gpu_uuid(self.node.name, slot.index, gpu.board),
                 "model": slot.model.key,
                 "pci_bus_id": slot.pci.bus_id,
                 "mig_mode": {"current": gpu.mig_current, "pending": gpu.mig_pending},
                 "compute_mode": gpu.compute_mode,
                 "lost": gpu.lost,
+                "present": gpu.present,
                 "gpu_instances": [
                     {
                         "id": gi.id,

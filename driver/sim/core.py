@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -17,6 +17,7 @@ from .profiles import (
     GpuInstanceProfile,
     GpuSlot,
     NodeProfile,
+    gpu_uuid,
     node_profile,
 )
 from .state import ComputeInstanceState, GpuInstanceState, GpuState, NodeState, StateStore
@@ -86,22 +87,42 @@ class LibraryCore:
         self.node: NodeProfile = node_profile(profile)
         self.store = StateStore(state_dir)
         self.store.seed(lambda: initial_state(self.node))
-        found = self.store.read().profile
-        if found != profile:
-            raise ValueError(
-                f"{state_dir} holds a simulated {found!r} node, not {profile!r}; "
-                "use another state directory")
+        if self.store.read().profile != profile:
+            # Another profile on an existing node: its GPUs were swapped while it was down.
+            self.store.replace(lambda old: new_hardware(old, self.node))
         self.handles = HandleTable()
         self.init_count = 0
         self._init_lock = threading.Lock()
+        self._boards: dict[tuple[int, int], GpuSlot] = {}
 
     # --- state ---------------------------------------------------------------------------
 
     def state(self) -> NodeState:
-        return self.store.read()
+        """The node's state; every GPU is lost if its hardware was swapped under us."""
+        state = self.store.read()
+        if state.profile != self.node.name:
+            raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
+        return state
+
+    def slot(self, index: int, gpu: GpuState) -> GpuSlot:
+        """The slot as its current board makes it (a replaced board has its own UUID)."""
+        if gpu.board == 0:
+            return self.node.gpus[index]
+        key = (index, gpu.board)
+        found = self._boards.get(key)
+        if found is None:
+            found = self._boards[key] = replace(
+                self.node.gpus[index], uuid=gpu_uuid(self.node.name, index, gpu.board),
+                mig_instances=())
+        return found
+
+    def present(self, state: NodeState) -> list[int]:
+        """Slot indexes of the GPUs NVML enumerates, in order (a pulled board is skipped)."""
+        return [i for i, gpu in enumerate(state.gpus) if gpu.present]
 
     def gpu_handle(self, index: int) -> int:
-        return self.handles.address((GPU, index, 0))
+        # The board is part of the handle: a handle to a board that was replaced is stale.
+        return self.handles.address((GPU, index, self.state().gpus[index].board))
 
     def gi_handle(self, gpu_index: int, gi: GpuInstanceState) -> int:
         return self.handles.address((GPU_INSTANCE, gpu_index, gi.serial))
@@ -121,25 +142,28 @@ class LibraryCore:
         return key
 
     def _live(self, gpu: GpuState, live: bool) -> None:
-        if live and gpu.lost:
+        # A pulled board answers like one fallen off the bus to a process holding its handle.
+        if live and (gpu.lost or not gpu.present):
             raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
 
     def full_gpu(self, handle: object, *, live: bool = True) -> tuple[GpuSlot, GpuState]:
         """A full-GPU handle; ``live`` refuses a lost GPU with GPU_IS_LOST."""
-        _, index, _ = self._key(handle, GPU)
+        _, index, board = self._key(handle, GPU)
         gpu = self.state().gpus[index]
+        if board != gpu.board:
+            raise NvmlFailure(Return.ERROR_GPU_IS_LOST)  # that board is not in the node
         self._live(gpu, live)
-        return self.node.gpus[index], gpu
+        return self.slot(index, gpu), gpu
 
     def device(self, handle: object, *, live: bool = True) -> Device:
         """A full-GPU or MIG-device handle."""
         kind, index, serial = self._key(handle, GPU, MIG_DEVICE)
+        if kind == GPU:
+            slot, gpu = self.full_gpu(handle, live=live)
+            return Device(slot, gpu, None)
         gpu = self.state().gpus[index]
         self._live(gpu, live)
-        slot = self.node.gpus[index]
-        if kind == GPU:
-            return Device(slot, gpu, None)
-        return Device(slot, gpu, self.find_ci(index, gpu, serial))
+        return Device(self.slot(index, gpu), gpu, self.find_ci(index, gpu, serial))
 
     def gpu_instance(self, handle: object) -> Gi:
         _, index, serial = self._key(handle, GPU_INSTANCE)
@@ -155,14 +179,14 @@ class LibraryCore:
 
     def find_gi(self, index: int, gpu: GpuState, serial: int) -> Gi:
         """The GI with ``serial`` in ``gpu`` (which may be a fresh copy inside an update)."""
-        slot = self.node.gpus[index]
+        slot = self.slot(index, gpu)
         for gi in gpu.gpu_instances:
             if gi.serial == serial:
                 return Gi(slot, gpu, gi, self._gi_profile(slot, gi))
         raise invalid()
 
     def find_ci(self, index: int, gpu: GpuState, serial: int) -> Ci:
-        slot = self.node.gpus[index]
+        slot = self.slot(index, gpu)
         for gi in gpu.gpu_instances:
             for ci in gi.compute_instances:
                 if ci.serial == serial:
@@ -179,3 +203,13 @@ class LibraryCore:
         if profile is None:
             raise invalid()
         return profile
+
+
+def new_hardware(old: NodeState, node: NodeProfile) -> NodeState:
+    """The state of ``node`` fresh from the factory, installed where ``old`` was.
+
+    Event sequence numbers go on from the old node's, so none is ever seen twice.
+    """
+    fresh = initial_state(node)
+    fresh.next_event_seq = old.next_event_seq
+    return fresh

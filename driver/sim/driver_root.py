@@ -1,13 +1,19 @@
-"""A fake NVIDIA driver root, so the CDI code runs its real discovery path in simulation.
+"""A fake NVIDIA driver install, so the CDI code runs its real discovery path in simulation.
 
 Regular files stand in for device nodes; libraries are versioned files behind soname
 symlinks, as a driver install lays them out; ``proc/devices`` names the ``nvidia-caps``
 major so MIG capability nodes that were never created can still be described.
+
+:data:`LAYOUTS` are the driver roots real clusters have: a driver installed on the host
+(Debian multiarch), the GPU Operator's driver container tree, and GKE's installer directory
+(``lib64/``, ``bin/``, device nodes on the host). The device root (``dev/``, ``proc/``) goes
+under ``dev_root``, by default the driver root itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpudra.driver.driver_root import mig_capability_minors
@@ -25,10 +31,40 @@ LIBRARIES = (
     ("libnvidia-nvvm.so", "4"),
     ("libcudadebugger.so", "1"),
     ("libnvidia-gpucomp.so", None),
+    ("libnvcuvid.so", "1"),
+    ("libnvidia-encode.so", "1"),
+    ("libnvidia-opticalflow.so", "1"),
 )
-BINARIES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
-            "nvidia-persistenced")
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-server", "nvidia-persistenced")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one kind of driver install keeps its files."""
+
+    lib_dir: str
+    bin_dir: str
+    firmware_dir: str | None
+    """Holds ``<version>/gsp*.bin``."""
+    c_library: bool
+    """A whole OS tree with its own ``libc.so.6`` and loader (host commands run chrooted)."""
+    hook_dir: str | None
+    """Where the NVIDIA Container Toolkit's ``nvidia-cdi-hook`` is, if installed."""
+
+
+LAYOUTS: Mapping[str, Layout] = {
+    # A driver installed on a Debian/Ubuntu host, with the Container Toolkit.
+    "host": Layout(LIB_DIR, "usr/bin", "lib/firmware/nvidia", True, "usr/bin"),
+    # The GPU Operator's driver container (Ubuntu), whose toolkit lives on the host.
+    "operator": Layout(LIB_DIR, "usr/bin", "lib/firmware/nvidia", True, None),
+    # GKE's driver installer directory, /home/kubernetes/bin/nvidia: NVIDIA files only.
+    "gke": Layout("lib64", "bin", None, False, None),
+    # Only the driver's own files (what tests of one piece need).
+    "minimal": Layout(LIB_DIR, "usr/bin", None, False, None),
+}
 
 
 def populate_driver_root(
@@ -37,12 +73,50 @@ def populate_driver_root(
     mig: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     *,
     driver_version: str = DRIVER_VERSION,
-    lib_dir: str = LIB_DIR,
+    lib_dir: str | None = None,
+    layout: str = "minimal",
+    dev_root: Path | None = None,
+    devices: bool = True,
 ) -> Path:
     """Create (or top up) a driver root with GPUs ``gpu_minors`` and MIG ``(gi, ci)`` pairs.
 
-    ``lib_dir`` is where the libraries go (a distribution's layout, e.g. ``lib64``).
+    ``layout`` is one of :data:`LAYOUTS`; ``lib_dir`` overrides its library directory (a
+    distribution's layout, e.g. ``usr/lib64``). ``devices=False`` leaves the device root be.
     """
+    shape = LAYOUTS[layout]
+    if devices:
+        populate_device_root(dev_root or root, gpu_minors, mig, driver_version=driver_version)
+    libs = root / (lib_dir or shape.lib_dir)
+    libs.mkdir(parents=True, exist_ok=True)
+    for name, soname in LIBRARIES:
+        real = libs / f"{name}.{driver_version}"
+        real.write_text(f"simulated {real.name}\n")
+        if soname is not None:
+            _link(libs / f"{name}.{soname}", real.name)
+    if shape.c_library:
+        (libs / "libc.so.6").write_text("simulated C library\n")
+    bins = root / shape.bin_dir
+    bins.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        _script(bins / name, f"#!/bin/sh\necho 'simulated {name} {driver_version}'\n")
+    if shape.hook_dir is not None:
+        _script(root / shape.hook_dir / "nvidia-cdi-hook", "#!/bin/sh\nexit 0\n")
+    if shape.firmware_dir is not None:
+        firmware = root / shape.firmware_dir / driver_version
+        firmware.mkdir(parents=True, exist_ok=True)
+        for name in FIRMWARE:
+            (firmware / name).write_text(f"simulated {name}\n")
+    return root
+
+
+def populate_device_root(
+    root: Path,
+    gpu_minors: Sequence[int],
+    mig: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+    *,
+    driver_version: str = DRIVER_VERSION,
+) -> Path:
+    """``dev/`` and ``proc/`` as a loaded kernel module of ``driver_version`` shows them."""
     dev = root / "dev"
     (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
     for name in (*CONTROL_NODES, *(f"nvidia{m}" for m in gpu_minors)):
@@ -50,35 +124,22 @@ def populate_driver_root(
     for cap in (1, 2):  # MIG config and monitor capabilities
         (dev / "nvidia-caps" / f"nvidia-cap{cap}").touch()
     proc = root / "proc"
-    proc.mkdir(exist_ok=True)
+    (proc / "driver/nvidia").mkdir(parents=True, exist_ok=True)
     (proc / "devices").write_text(
         f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{NVIDIA_UVM_MAJOR} nvidia-uvm\n"
         f"{NVIDIA_CAPS_MAJOR} nvidia-caps\n"
     )
+    (proc / "driver/nvidia/version").write_text(
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version}  (simulated)\n")
     for minor, instances in (mig or {}).items():
         for gi, ci in instances:
             add_mig_instance(root, minor, gi, ci)
-
-    libs = root / lib_dir
-    libs.mkdir(parents=True, exist_ok=True)
-    for name, soname in LIBRARIES:
-        real = libs / f"{name}.{driver_version}"
-        real.write_text(f"simulated {real.name}\n")
-        if soname is not None:
-            link = libs / f"{name}.{soname}"
-            link.unlink(missing_ok=True)
-            link.symlink_to(real.name)
-    bins = root / "usr" / "bin"
-    bins.mkdir(parents=True, exist_ok=True)
-    for name in BINARIES:
-        path = bins / name
-        path.write_text(f"#!/bin/sh\necho 'simulated {name} {driver_version}'\n")
-        path.chmod(0o755)
     return root
 
 
 def add_mig_instance(root: Path, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
-    """What the driver shows once a GPU + compute instance exists; returns the cap minors."""
+    """What the driver shows under device root ``root`` once a GPU + compute instance
+    exists; returns the cap minors."""
     gi_minor, ci_minor = mig_capability_minors(gpu_minor, gi, ci)
     base = root / f"proc/driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"
     (base / f"ci{ci}").mkdir(parents=True, exist_ok=True)
@@ -89,6 +150,17 @@ def add_mig_instance(root: Path, gpu_minor: int, gi: int, ci: int) -> tuple[int,
     for minor in (gi_minor, ci_minor):
         (caps / f"nvidia-cap{minor}").touch()
     return gi_minor, ci_minor
+
+
+def _link(link: Path, target: str) -> None:
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+
+
+def _script(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
 
 
 def _access_file(minor: int) -> str:

@@ -161,9 +161,11 @@ class NodeProfile:
     gpus: tuple[GpuSlot, ...]
 
 
-def gpu_uuid(profile: str, index: int) -> str:
-    """Deterministic ``GPU-…`` UUID: the same node profile always has the same GPUs."""
-    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{profile}/{index}')}"
+def gpu_uuid(profile: str, index: int, board: int = 0) -> str:
+    """Deterministic ``GPU-…`` UUID: the same node profile always has the same GPUs, and
+    the ``board``-th replacement in a slot its own."""
+    name = f"{profile}/{index}" + (f"/board-{board}" if board else "")
+    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, name)}"
 
 
 def mig_uuid(parent_uuid: str, gi_id: int, ci_id: int, serial: int) -> str:

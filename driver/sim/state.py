@@ -62,6 +62,11 @@ class GpuState:
     mig_pending: int = 0
     compute_mode: int = 0
     lost: bool = False
+    present: bool = True
+    """False while the board is pulled out of its slot: NVML does not enumerate it."""
+    board: int = 0
+    """Which board sits in the slot: 0 is the profile's own, each replacement counts up
+    (a new board has a new UUID)."""
     gpu_instances: list[GpuInstanceState] = field(default_factory=list)
     processes: list[ProcessState] = field(default_factory=list)
 
@@ -196,6 +201,12 @@ class StateStore:
         with self._locked():
             if not self.path.exists():
                 self._write(make(), after_mtime_ns=0)
+
+    def replace(self, make: Callable[[NodeState], NodeState]) -> None:
+        """Write ``make(current)`` as the whole new state (the node's hardware changed)."""
+        with self._locked():
+            key, state = self._load()
+            self._write(make(state), after_mtime_ns=key[1])
 
     def _write(self, state: NodeState, *, after_mtime_ns: int) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")

@@ -1,10 +1,10 @@
 """Static analysis of a parsed selector: what Kubernetes rejects at create time, and what it reads.
 
-cel-go type-checks selectors when a claim or class is created; celpy does not. This walk
-recovers the checks that matter in practice (undeclared functions and identifiers, unknown
-``device`` fields, invalid regex literals, results that cannot be bool) and, on the way,
-records which ``device.attributes[d].x`` / ``device.capacity[d].x`` the expression reads
-(its *footprint*), so results can be cached per distinct value of just those entries.
+cel-go checks selectors when a claim or class is created; celpy does not. This walk finds
+undeclared functions and identifiers, unknown ``device`` fields and invalid regex literals;
+``typecheck`` then checks the types. On the way, the walk records which
+``device.attributes[d].x`` / ``device.capacity[d].x`` the expression reads (its
+*footprint*), so results can be cached per distinct value of just those entries.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from gpudra.scheduling.cel.errors import CelCompileError
 from gpudra.scheduling.cel.grammar import Node
 from gpudra.scheduling.cel.library import KNOWN_GLOBALS, KNOWN_METHODS, MACROS, UNSUPPORTED
 from gpudra.scheduling.cel.strings import compile_regex
+from gpudra.scheduling.cel.typecheck import check_types
+from gpudra.scheduling.cel.types import CelType
 
 DEVICE_FIELDS = frozenset({"driver", "attributes", "capacity", "allowMultipleAllocations"})
 _NAMESPACES = frozenset({"optional", "cel", "sets", "strings", "lists", "math", "base64"})
@@ -27,13 +29,6 @@ _TYPE_NAMES = frozenset({"int", "uint", "double", "string", "bool", "bytes", "li
                          "null_type", "type"})
 _WRAPPERS = frozenset({"expr", "conditionalor", "conditionaland", "relation", "addition",
                        "multiplication", "unary", "member", "primary", "paren_expr"})
-_NON_BOOL_GLOBALS = frozenset({"quantity", "semver", "size", "int", "uint", "double", "string",
-                               "bytes", "duration", "timestamp", "type"})
-_NON_BOOL_METHODS = frozenset({
-    "compareTo", "add", "sub", "asInteger", "asApproximateFloat", "sign", "major", "minor",
-    "patch", "lowerAscii", "upperAscii", "trim", "replace", "split", "substring", "charAt",
-    "indexOf", "lastIndexOf", "join", "size", "map", "filter", "find", "findAll", "reverse",
-})
 _LITERAL_TYPES = {"STRING_LIT": "string", "MLSTRING_LIT": "string", "INT_LIT": "int",
                   "UINT_LIT": "uint", "FLOAT_LIT": "double", "BOOL_LIT": "bool",
                   "NULL_LIT": "null", "BYTES_LIT": "bytes"}
@@ -96,6 +91,10 @@ class Analysis:
     references: list[Reference] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     literal_calls: list[LiteralCall] = field(default_factory=list)
+    converted: list[Reference] = field(default_factory=list)
+    """References passed to ``string()``: a version attribute there fails at runtime."""
+    types: dict[int, CelType] = field(default_factory=dict)
+    """The static type of every node of the parsed expression, by ``id``."""
 
 
 def _tree(node: object) -> Node:
@@ -169,6 +168,7 @@ class _Walker:
         self.guarded: set[int] = set()
         self.analysis = Analysis(Footprint())
         self.literal_calls: list[LiteralCall] = []
+        self.converted: list[Any] = []
 
     def walk(self, node: Node, scope: frozenset[str]) -> None:
         handler = getattr(self, f"_on_{node.data}", None)
@@ -207,6 +207,8 @@ class _Walker:
             if argument is not None:
                 line, column = _position(token)
                 self.literal_calls.append(LiteralCall(str(token), argument, line, column))
+        if str(token) == "string" and len(args) == 1:
+            self.converted.append(unwrap(args[0]))
         return False
 
     _on_dot_ident_arg = _on_ident_arg
@@ -217,6 +219,9 @@ class _Walker:
         method = str(token)
         args = _args(node, 2)
         namespace = _ident_name(receiver)
+        if namespace == "cel" and method == "bind" and "cel" not in scope:
+            self._bind(node, token, args, scope)
+            return True
         if namespace in _NAMESPACES and namespace not in scope:
             self._check_namespaced(namespace, token)
             for arg in args:
@@ -245,12 +250,24 @@ class _Walker:
             return True
         return False
 
+    def _bind(self, node: Node, token: lark.Token, args: list[Node],
+              scope: frozenset[str]) -> None:
+        """``cel.bind(name, value, body)`` (``ext.Bindings``): ``name`` is in scope in the body."""
+        variable = _ident_name(args[0]) if len(args) == 3 else None
+        if variable is None:
+            line, column = _position(token)
+            raise CelCompileError("cel.bind() needs a variable name, a value and an expression",
+                                  line=line, column=column)
+        for arg, inner in ((args[1], scope), (args[2], scope | {variable})):
+            self.parents[id(arg)] = node
+            self.walk(arg, inner)
+
     def _check_namespaced(self, namespace: str, token: lark.Token) -> None:
         line, column = _position(token)
         if namespace == "optional" and str(token) in ("of", "none", "ofNonZeroValue"):
             return
-        if namespace in ("optional",):
-            raise CelCompileError(f"undeclared reference to 'optional.{token}'",
+        if namespace in ("optional", "cel"):  # cel.bind() is handled by the caller
+            raise CelCompileError(f"undeclared reference to '{namespace}.{token}'",
                                   line=line, column=column)
         raise CelCompileError(f"{namespace}.{token}() is valid Kubernetes CEL but not supported "
                               "by the local CEL evaluator", line=line, column=column,
@@ -365,6 +382,7 @@ class _Walker:
             whole)
         self.analysis.comparisons = list(_comparisons(root, ref_nodes))
         self.analysis.literal_calls = self.literal_calls
+        self.analysis.converted = [ref_nodes[id(n)] for n in self.converted if id(n) in ref_nodes]
         return self.analysis
 
 
@@ -382,34 +400,14 @@ def _comparisons(root: Node, refs: dict[int, Reference]) -> Iterator[Comparison]
                 yield Comparison(reference, _RELATIONS[op_node.data], *literal, first)
 
 
-def _definitely_not_bool(root: Node) -> str | None:
-    node = unwrap(root)
-    if not isinstance(node, lark.Tree):
-        return None
-    if node.data == "literal":
-        token = node.children[0]
-        assert isinstance(token, lark.Token)
-        kind = _LITERAL_TYPES.get(token.type)
-        return None if kind == "bool" else kind
-    if node.data in ("addition", "multiplication") and len(node.children) == 2:
-        return "a number or string"
-    if node.data == "unary" and isinstance(node.children[0], lark.Tree) and \
-            node.children[0].data == "unary_neg":
-        return "a number"
-    if node.data in ("list_lit", "map_lit"):
-        return node.data.removesuffix("_lit")
-    if node.data == "ident_arg" and str(node.children[0]) in _NON_BOOL_GLOBALS:
-        return f"the result of {node.children[0]}()"
-    if node.data == "member_dot_arg" and str(node.children[1]) in _NON_BOOL_METHODS:
-        return f"the result of {node.children[1]}()"
-    return None
+def analyse(root: Node, text: str) -> Analysis:
+    """Check one parsed selector; raises :class:`CelCompileError` for what cel-go rejects.
 
-
-def analyse(root: Node) -> Analysis:
-    """Check one parsed selector; raises :class:`CelCompileError` for what cel-go rejects."""
-    not_bool = _definitely_not_bool(root)
-    if not_bool is not None:
-        raise CelCompileError(f"must evaluate to bool, not {not_bool}", line=1, column=1)
+    Names first (undeclared functions and variables, libraries the local evaluator lacks),
+    then the static types, as the API server does when a claim or class is created.
+    """
     walker = _Walker()
     walker.walk(root, frozenset())
-    return walker.finish(root)
+    analysis = walker.finish(root)
+    analysis.types = check_types(root, text)
+    return analysis

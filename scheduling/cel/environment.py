@@ -19,7 +19,7 @@ from celpy.evaluation import CELEvalError
 from gpudra.controller.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
 from gpudra.scheduling.cel.checks import Analysis, Footprint, analyse
 from gpudra.scheduling.cel.errors import CelCompileError, CelEvalError
-from gpudra.scheduling.cel.evaluator import DeviceRunner
+from gpudra.scheduling.cel.evaluator import DeviceEvaluator, DeviceRunner
 from gpudra.scheduling.cel.grammar import Node, parse
 from gpudra.scheduling.cel.library import FUNCTIONS
 from gpudra.scheduling.cel.operators import type_name
@@ -51,6 +51,7 @@ class Selector:
 
     def __init__(self, expression: str, ast: Node, analysis: Analysis) -> None:
         self.expression = expression
+        self.ast = ast
         self.analysis = analysis
         self._runner = DeviceRunner(_ENVIRONMENT, ast, FUNCTIONS)
         self._results: dict[Hashable, Result] = {}
@@ -112,6 +113,23 @@ class Selector:
                                 "converted to bool")
         return bool(value)
 
+    def value_of(self, node: Node, view: DeviceView) -> Any:
+        """One sub-expression's value for this device (a CEL value, or :class:`CelEvalError`).
+
+        Not cached and not counted: this is for explaining a result, never for deciding one.
+        The node must not use comprehension or ``cel.bind`` variables of outer nodes.
+        """
+        evaluator = DeviceEvaluator(ast=node, activation=self._runner.new_activation())
+        try:
+            value = evaluator.evaluate(view.activation())
+        except CELEvalError as exc:
+            return CelEvalError(_message(exc))
+        except CelEvalError as exc:
+            return exc
+        except RecursionError:
+            return CelEvalError("expression nested too deeply")
+        return CelEvalError(_message(value)) if isinstance(value, CELEvalError) else value
+
     def __repr__(self) -> str:
         return f"Selector({self.expression!r})"
 
@@ -160,6 +178,6 @@ def _compile(expression: str) -> Selector | CelCompileError:
         return CelCompileError("expression is empty")
     try:
         ast = parse(expression)
-        return Selector(expression, ast, analyse(ast))
+        return Selector(expression, ast, analyse(ast, expression))
     except CelCompileError as exc:
         return exc

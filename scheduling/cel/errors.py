@@ -19,12 +19,15 @@ class CelCompileError(ValueError):
         line: int | None = None,
         column: int | None = None,
         unsupported: bool = False,
+        hint: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.line = line
         self.column = column
         self.unsupported = unsupported
+        self.hint = hint
+        """How to write it instead, when that is clear (not part of the apiserver's words)."""
 
     def __str__(self) -> str:
         if self.line is None:

@@ -1,8 +1,9 @@
-"""celpy's InterpretedRunner, extended with optional selection and cel-go's error wording.
+"""celpy's InterpretedRunner, extended with optional selection, ``cel.bind`` and cel-go's wording.
 
-Only field selection and indexing are overridden: they are where optional values
-(``x.?f``, ``m[?k]``, and selecting through an optional) come in, and where cel-go says
-"no such key: x" for a missing map entry.
+Field selection and indexing are overridden: they are where optional values (``x.?f``,
+``m[?k]``, and selecting through an optional) come in, and where cel-go says "no such
+key: x" for a missing map entry. Method calls are overridden for ``cel.bind(x, v, body)``
+(``ext.Bindings``, which Kubernetes adds for DRA selectors).
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def _through_optional(receiver: Any, key: Any) -> Any:
     return _select(receiver, key)
 
 
+def _is_ident(node: Any, name: str) -> bool:
+    """Whether ``node`` is the bare identifier ``name`` (through the precedence wrappers)."""
+    while isinstance(node, lark.Tree) and len(node.children) == 1:
+        node = node.children[0]
+    return isinstance(node, lark.Token) and node.type == "IDENT" and str(node) == name
+
+
 class DeviceEvaluator(Evaluator):
     """Evaluates one parsed selector against one activation."""
 
@@ -77,6 +85,26 @@ class DeviceEvaluator(Evaluator):
             return _through_optional(receiver, celtypes.StringType(name.value))
         # Packages, protobuf types and the like: celpy's own rules.
         return super().member_dot(tree)
+
+    def member_dot_arg(self, tree: Node) -> Any:
+        receiver, method = tree.children[0], tree.children[1]
+        if str(method) == "bind" and _is_ident(receiver, "cel"):
+            return self._bind(tree)
+        return super().member_dot_arg(tree)
+
+    def _bind(self, tree: Node) -> Any:
+        """``cel.bind(name, value, body)``: ``body`` with ``name`` bound to ``value``.
+
+        An error in ``value`` only matters if the body uses it (cel-go binds lazily).
+        """
+        exprlist = tree.children[2]
+        assert isinstance(exprlist, lark.Tree)
+        name_tree, value_tree, body = cast(list[Node], exprlist.children)
+        name = next(name_tree.find_data("ident")).children[0]
+        value = self.visit(value_tree)
+        nested = self.sub_evaluator(body)
+        nested.set_activation({str(name): value})
+        return nested.visit(body)
 
     def member_dot_opt(self, tree: Node) -> Any:
         member_tree, name = cast(tuple[Node, lark.Token], tree.children)

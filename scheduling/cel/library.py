@@ -78,6 +78,7 @@ def _build() -> dict[str, Function]:
     table: dict[str, Function] = dict(OPERATORS)
     table.update(quantity.GLOBALS)
     table.update(semver.GLOBALS)
+    table["string"] = strings.to_string
     method_names = {name for _, methods in _RECEIVERS for name in methods}
     for name, fn in strings.FUNCTIONS.items():
         table[name] = _dispatch(name, fn) if name in method_names else fn
@@ -109,8 +110,8 @@ KNOWN_METHODS = frozenset(
 UNSUPPORTED = frozenset({
     # Kubernetes lists library and ext.Lists
     "isSorted", "sum", "max", "slice", "flatten", "distinct", "sort", "sortBy", "range",
-    # ext.Sets / ext.Bindings / ext.Strings quote / Format library
-    "bind", "equivalent", "intersects", "quote", "format",
+    # ext.Sets / ext.Strings quote / Format library
+    "equivalent", "intersects", "quote", "format",
     # URL, IP and CIDR libraries
     "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath",
     "getQuery", "ip", "isIP", "cidr", "isCIDR", "family", "isUnspecified", "isLoopback",

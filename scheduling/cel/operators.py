@@ -169,13 +169,15 @@ def _arithmetic(symbol: str, op: Callable[[Any, Any], Any]) -> Callable[[Any, An
                 symbol in "+-" and {ta, tb} <= timestamps):
             return cel_error(f"no such overload: {ta} {symbol} {tb}")
         try:
-            return op(a, b)
+            result = op(a, b)
         except ZeroDivisionError:
             return cel_error("division by zero" if symbol == "/" else "modulus by zero")
         except (ValueError, OverflowError):
             return cel_error("return error for overflow")
         except TypeError:
             return cel_error(f"no such overload: {ta} {symbol} {tb}")
+        # list + list is a plain Python list: keep it a CEL list for size(), join() …
+        return celtypes.ListType(result) if type(result) is list else result
 
     return arithmetic
 

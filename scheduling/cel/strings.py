@@ -165,6 +165,22 @@ def size(value: Any) -> Any:
     return cel_error(f"no such overload: size({type(value).__name__})")
 
 
+def to_string(value: Any) -> Any:
+    """``string(x)``: cel-go's conversions; none for Quantity or Semver ("no such overload",
+    as a real scheduler says for ``string(device.attributes[d].driverVersion)``)."""
+    if isinstance(value, celtypes.BoolType):
+        return celtypes.StringType("true" if value else "false")
+    if isinstance(value, celtypes.BytesType):
+        try:
+            return celtypes.StringType(bytes(value).decode())
+        except UnicodeDecodeError:
+            return cel_error("invalid UTF-8 in bytes, cannot convert to string")
+    if isinstance(value, str | celtypes.IntType | celtypes.UintType | celtypes.DoubleType
+                  | celtypes.TimestampType | celtypes.DurationType):
+        return celtypes.StringType(str(value))
+    return cel_error(f"no such overload: string({type(value).__name__})")
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "matches": matches,
     "find": find,

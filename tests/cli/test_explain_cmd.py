@@ -118,16 +118,22 @@ def test_device_classes_in_the_file_override_the_defaults(tmp_path, capsys):
     assert "208  class gpu.nvidia.com selector #0 is false" in out
 
 
-def test_explain_needs_a_cluster_source(tmp_path, capsys):
-    assert main(["explain", str(write(tmp_path, TWO_GPUS))]) == 1
-    assert "exactly one of --simulate PROFILE or --kubeconfig PATH" in capsys.readouterr().err
+def test_explain_needs_a_cluster_source(tmp_path, capsys, monkeypatch):
+    # no --simulate: the cluster kubectl would use, and here there is none (exit status 2)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "SIMULATE"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["explain", str(write(tmp_path, TWO_GPUS))]) == 2
+    err = capsys.readouterr().err
+    assert "no cluster configuration" in err
+    assert "--simulate PROFILE" in err
 
 
 def test_explain_reports_unreadable_input(tmp_path, capsys):
-    assert main(["explain", str(tmp_path / "missing.yaml"), "--simulate", "dgx-h100"]) == 1
+    assert main(["explain", str(tmp_path / "missing.yaml"), "--simulate", "dgx-h100"]) == 2
     assert "missing.yaml" in capsys.readouterr().err
     bad = write(tmp_path, "kind: ConfigMap\n")
-    assert main(["explain", str(bad), "--simulate", "dgx-h100"]) == 1
+    assert main(["explain", str(bad), "--simulate", "dgx-h100"]) == 2
     assert "nothing to explain" in capsys.readouterr().err
 
 
@@ -205,7 +211,8 @@ def test_validate_reports_file_path_and_message(tmp_path, capsys):
         f"{path}:spec.devices.requests[0].exactly.selectors[0].cel.expression: line 1, column "
         "37: device.attributes['gpu.nvidia.com'].productNmae: no such attribute: productNmae is "
         "not published, so the scheduler fails with 'no such key'; did you mean 'productName'?"]
-    assert captured.err.strip() == "1 problem found"
+    assert captured.err.strip() == ("1 problem found; the apiserver would accept it: it fails "
+                                    "at scheduling or prepare time")
 
 
 def test_validate_names_the_object_in_multi_document_files(tmp_path, capsys):
@@ -230,7 +237,7 @@ def test_validate_opaque_configs(tmp_path, capsys):
 
 
 def test_validate_unreadable_and_empty(tmp_path, capsys):
-    assert main(["validate", str(tmp_path / "nope.yaml")]) == 1
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2  # unreadable input
     assert "nope.yaml" in capsys.readouterr().out
     assert main(["validate", str(write(tmp_path, "kind: ConfigMap\n"))]) == 0
     assert capsys.readouterr().out.startswith("OK: nothing to check")
@@ -245,3 +252,99 @@ def test_explain_a_thousand_simulated_nodes(tmp_path, capsys):
     assert "    8000 devices usable on 1000 nodes" in out
     assert "      200000 on 1000 nodes  class gpu.nvidia.com selector #0 is false" in out
     assert out[-1].endswith("(fits on 1000 of 1000 nodes)")
+
+
+# --- what the apiserver refuses, what fails at prepare, extended resources ---------------
+
+QUANTITY_AS_STRING = TYPO.replace(
+    f"{A}.productNmae == 'NVIDIA H100 80GB HBM3'",
+    "device.capacity['gpu.nvidia.com'].memory >= '60Gi'")
+
+
+def test_a_type_error_is_refused_as_the_apiserver_refuses_it(tmp_path, capsys):
+    path = write(tmp_path, QUANTITY_AS_STRING)
+    assert main(["explain", str(path), "--simulate", "dgx-h100"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith("the apiserver would refuse this input (see also gpudra validate):")
+    assert err[1] == (
+        f"  {path}:spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value: "
+        "CEL compile error: found no matching overload for '_>=_' applied to "
+        "'(kubernetes.Quantity, string)' (line 1, column 42); quantities are compared with "
+        "methods: device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('60Gi')) >= 0")
+    assert main(["validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "found no matching overload for '_>=_'" in captured.out
+    assert captured.err.strip() == "1 problem found; the apiserver would refuse it at create"
+
+
+def test_validate_says_which_problems_the_apiserver_refuses(tmp_path, capsys):
+    path = write(tmp_path, QUANTITY_AS_STRING + "---\n" + TYPO.replace("name: typo",
+                                                                     "name: typo2"))
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "2 problems found; the apiserver would refuse 1 of them at create, the others fail "
+        "at scheduling or prepare time")
+    assert main(["validate", str(path), "-o", "json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["refusedAtCreate"] == 1
+    assert [p["refusedAtCreate"] for p in document["problems"]] == [True, False]
+
+
+def test_explain_reports_a_config_that_fails_at_prepare(tmp_path, capsys):
+    claim = yaml.safe_load(TYPO.replace("productNmae", "productName"))
+    claim["spec"]["devices"]["config"] = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}}}}]
+    path = write(tmp_path, yaml.safe_dump(claim))
+    assert main(["explain", str(path), "--simulate", "dgx-h100"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    where = ("ResourceClaim typo: spec.devices.config[0].opaque.parameters.sharing.mpsConfig."
+             "defaultActiveThreadPercentage")
+    assert out[-2].startswith(f"  config: {where}: ")
+    assert out[-1].startswith(f"FAILS AT PREPARE: {where}: ")
+    assert out[-1].endswith("the scheduler would allocate on node dgx-h100-0: gpu -> gpu-0, "
+                            "then the driver refuses the config when the pod starts")
+
+
+EXTENDED = f"""
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu.nvidia.com
+spec:
+  extendedResourceName: nvidia.com/gpu
+  selectors:
+  - cel:
+      expression: "device.driver == 'gpu.nvidia.com' && {A}.type == 'gpu'"
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: classic
+  namespace: ml
+spec:
+  template:
+    spec:
+      containers:
+      - name: cuda
+        image: busybox
+        resources:
+          limits:
+            cpu: "1"
+            nvidia.com/gpu: 2
+"""
+
+
+def test_explain_a_workload_that_asks_for_nvidia_com_gpu(tmp_path, capsys):
+    assert main(["explain", str(write(tmp_path, EXTENDED)), "--simulate", "dgx-h100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "Deployment ml/classic: 1 node (dgx-h100-0)"
+    assert "  request container-0-request-1: 2 devices of class gpu.nvidia.com" in out
+    assert out[-1] == ("ALLOCATABLE on node dgx-h100-0: container-0-request-1 -> gpu-0, "
+                       "container-0-request-1 -> gpu-1")
+    # without the class, nothing provides nvidia.com/gpu
+    bare = EXTENDED.split("---\n", 1)[1]
+    assert main(["explain", str(write(tmp_path, bare)), "--simulate", "dgx-h100"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "NOT ALLOCATABLE: no DeviceClass provides nvidia.com/gpu (extendedResourceName); only "
+        "a device plugin could")

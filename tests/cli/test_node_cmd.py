@@ -15,7 +15,8 @@ from gpudra.kubeletplugin.node_config import NodeConfig
 
 FALLBACKS = ("NODE_NAME", "DRIVER_NAME", "FEATURE_GATES", "SIMULATE", "SIM_STATE", "KUBECONFIG",
              "POD_UID", "HTTP_ADDRESS", "ADDITIONAL_XIDS_TO_IGNORE", "XID_QUIET_PERIOD",
-             "LOG_LEVEL", "LOG_FORMAT", "DRIVER_ROOT", "HOST_DRIVER_ROOT", "CDI_ROOT")
+             "LOG_LEVEL", "LOG_FORMAT", "DRIVER_ROOT", "HOST_DRIVER_ROOT", "CDI_ROOT",
+             "REGISTRATION_TIMEOUT")
 
 
 @pytest.fixture(autouse=True)
@@ -110,6 +111,7 @@ def test_bad_values_are_one_line_errors(flags, message):
 ])
 def test_a_bad_environment_value_is_a_one_line_error_not_a_traceback(
         name, value, message, monkeypatch, capsys):
+    monkeypatch.setenv("LOG_FORMAT", "console")  # json: one JSON line (tests/integration)
     monkeypatch.setenv(name, value)
     assert main(["node", "--simulate", "dgx-h100", "--node-name", "n"]) == 1
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""``gpudra sim xid`` and ``gpudra sim gpu-lost`` on a simulated node's state directory."""
+"""``gpudra sim xid``, ``gpu-lost`` and the hardware changes on a simulated node's state
+directory."""
 
 from __future__ import annotations
 
@@ -44,12 +45,31 @@ def test_sim_state_from_the_environment(control, sim_state, monkeypatch):
     (["xid", "--gpu", "1", "--xid", "79", "--mig-uuid", "MIG-nope"],
      "--mig-uuid: GPU 1 has no MIG device MIG-nope"),
     (["gpu-lost", "--gpu", "8"], "--gpu: no GPU 8 on this 8-GPU node"),
+    (["insert-gpu", "--gpu", "2"], "--gpu: GPU 2 is in its slot already"),
+    (["remove-gpu", "--gpu", "8"], "--gpu: no GPU 8 on this 8-GPU node"),
 ])
 def test_bad_targets_name_the_flag_and_change_nothing(control, sim_state, capsys, args, error):
     before = control.snapshot()
     assert main(["sim", *args, "--sim-state", str(sim_state)]) == 1
     assert capsys.readouterr().err == f"gpudra sim: {error}\n"
     assert control.snapshot() == before
+
+
+def test_remove_insert_and_replace_a_gpu(control, sim_state, capsys):
+    uuid = control.gpu_uuid(2)
+    state = ["--sim-state", str(sim_state), "--gpu", "2"]
+    assert main(["sim", "remove-gpu", *state]) == 0
+    assert capsys.readouterr().out == f"GPU 2 ({uuid}) removed\n"
+    assert control.snapshot()["gpus"][2]["present"] is False
+    assert main(["sim", "gpu-lost", *state]) == 1
+    assert "--gpu: GPU 2 is removed" in capsys.readouterr().err
+    assert main(["sim", "insert-gpu", *state]) == 0
+    assert capsys.readouterr().out == f"GPU 2 ({uuid}) is back in its slot\n"
+    assert main(["sim", "replace-gpu", *state]) == 0
+    new = control.gpu_uuid(2)
+    assert new != uuid
+    assert capsys.readouterr().out == f"GPU 2: {uuid} replaced by {new}\n"
+    assert control.snapshot()["gpus"][2]["gpu_instances"] == []
 
 
 def test_a_directory_without_a_simulated_node(tmp_path, capsys, monkeypatch):

@@ -156,8 +156,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                            "mig": {"enabled": False}}},
     "existing-serviceaccount": {"serviceAccount": {"create": False, "name": "gpu-daemon"}},
     "operator-driver-root": {"driverRoot": "/run/nvidia/driver",
+                             "cdiHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
                              "kubeletPlugin": {"gpuNodeAffinity": False,
-                                               "nodeSelector": {"gpu": "yes"}}},
+                                               "nodeSelector": {"gpu": "yes"},
+                                               "waitForDriver": {"timeoutSeconds": 600}}},
+    "gke": {"driverRoot": "/home/kubernetes/bin/nvidia", "devRoot": "/"},
+    "no-wait-for-driver": {"kubeletPlugin": {"waitForDriver": {"enabled": False}}},
     "everything": {**SIMULATE, "driverName": "gpu.example.com",
                    "featureGates": {"TimeSlicingSettings": False},
                    "deviceClasses": {"gpu": {"name": "gpu.example.com",
@@ -166,6 +170,17 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                              "extendedResourceName": "example.com/mig"}},
                    "metrics": {"port": 9400, "serviceMonitor": {"enabled": True}},
                    "image": {"tag": "dev"}, "logLevel": "debug", "logFormat": "console"},
+    # A values file written for NVIDIA's chart, with the names it uses where ours differ.
+    "nvidia-values": {"nvidiaDriverRoot": "/run/nvidia/driver", "gpuResourcesEnabledOverride": True,
+                      "resources": {"gpus": {"enabled": True},
+                                    "computeDomains": {"enabled": False}},
+                      "featureGates": {"NVMLDeviceHealthCheck": True, "TimeSlicingSettings": True,
+                                       "IMEXDaemonsWithDNSNames": True,
+                                       "ContextualLogging": True, "PassthroughSupport": False}},
+    "extras": {"namespaceOverride": "gpu-ops", "allowWithDevicePlugin": True,
+               "kubeletPlugin": {"extraArgs": ["--xid-quiet-period=600"],
+                                 "extraEnv": [{"name": "TZ", "value": "UTC"}],
+                                 "podSecurityContext": {"fsGroup": 0}}},
 }
 
 
@@ -209,7 +224,8 @@ def test_every_object_is_valid_kubernetes(scenario):
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
         else:
-            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+            assert obj["metadata"]["namespace"] == (
+                values.get("namespaceOverride") or NAMESPACE), obj["kind"]
     assert {obj["kind"] for obj in objs} == _expected_kinds(values)
     names = [(obj["kind"], obj["metadata"]["name"]) for obj in objs]
     assert len(names) == len(set(names))
@@ -243,6 +259,8 @@ DEFAULT_ARGS = [
     "--cdi-root=/var/run/cdi",
     "--driver-root=/driver-root",
     "--host-driver-root=/",
+    "--dev-root=/dev-root",
+    "--host-dev-root=/",
     "--log-format=json",
     "--log-level=info",
     "--http-address=0.0.0.0:8080",
@@ -263,7 +281,8 @@ def test_simulation_adds_profile_and_state_under_the_plugin_dir():
     """No driver-root flags: the daemon writes a generated driver root of its own when
     simulating, which must not be the (read-only) host driver root."""
     args = container(SIMULATE)["args"]
-    real_root = ["--driver-root=/driver-root", "--host-driver-root=/"]
+    real_root = ["--driver-root=/driver-root", "--host-driver-root=/", "--dev-root=/dev-root",
+                 "--host-dev-root=/"]
     assert args == [*(a for a in DEFAULT_ARGS if a not in real_root), "--simulate=dgx-a100",
                     "--sim-state=/var/lib/kubelet/plugins/gpu.nvidia.com/sim"]
 
@@ -305,7 +324,9 @@ def _daemon_args(scenario: str) -> argparse.Namespace:
         pytest.fail(f"gpudra node refuses the chart's args ({scenario}): {args}")
 
 
-@pytest.mark.parametrize("scenario", ["default", "simulate", "everything", "feature-gates"])
+@pytest.mark.parametrize("scenario", ["default", "simulate", "everything", "feature-gates",
+                                      "operator-driver-root", "gke", "nvidia-values",
+                                      "extras"])
 def test_rendered_flags_parse_with_the_daemons_own_parser(scenario):
     """The chart and ``gpudra node`` must agree on every flag name and value."""
     args = _daemon_args(scenario)
@@ -317,6 +338,7 @@ def test_rendered_flags_parse_with_the_daemons_own_parser(scenario):
         assert Path(args.sim_state) == Path(args.plugins_dir) / args.driver_name / "sim"
     else:
         assert Path(args.driver_root) == Path("/driver-root")
+        assert Path(args.dev_root) == Path("/dev-root")
         assert args.simulate is None
 
 
@@ -345,6 +367,56 @@ def test_host_mounts():
     operator = daemon(SCENARIOS["operator-driver-root"])
     assert {v["name"]: v for v in operator["volumes"]}["driver-root"]["hostPath"]["path"] == \
         "/run/nvidia/driver"
+    # The host's device nodes and /proc, live: the container's own /dev is a snapshot.
+    for name, path in (("dev-root-dev", "/dev-root/dev"), ("dev-root-proc", "/dev-root/proc")):
+        assert mounts[name] == {"name": name, "mountPath": path, "readOnly": True,
+                                "mountPropagation": "HostToContainer"}
+    assert volumes["dev-root-dev"]["hostPath"] == {"path": "/dev", "type": "Directory"}
+    assert volumes["dev-root-proc"]["hostPath"] == {"path": "/proc", "type": "Directory"}
+    assert "dev-root-dev" not in {v["name"] for v in simulated["volumes"]}
+
+
+def test_init_container_waits_for_the_driver():
+    """`gpudra wait-for-driver` with the plugin's view of both roots, before the daemon."""
+    spec = daemon()
+    (init,) = spec["initContainers"]
+    plugin = spec["containers"][0]
+    assert init["name"] == "wait-for-driver" and init["image"] == plugin["image"]
+    assert init["command"] == ["gpudra"]
+    assert init["args"] == ["wait-for-driver", "--driver-root=/driver-root",
+                            "--dev-root=/dev-root", "--timeout=0", "--log-format=json"]
+    # Privileged like the daemon, and the same mounts of the driver and device roots.
+    assert init["securityContext"] == plugin["securityContext"]
+    plugin_mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+    assert [m["name"] for m in init["volumeMounts"]] == [
+        "driver-root", "dev-root-dev", "dev-root-proc"]
+    assert all(m == plugin_mounts[m["name"]] for m in init["volumeMounts"])
+    operator = daemon(SCENARIOS["operator-driver-root"])
+    assert "--timeout=600" in operator["initContainers"][0]["args"]
+    assert "initContainers" not in daemon(SIMULATE)
+    assert "initContainers" not in daemon(SCENARIOS["no-wait-for-driver"])
+
+
+def test_init_container_args_parse_with_the_cli():
+    from gpudra.cli.main import build_parser
+
+    (init,) = daemon(SCENARIOS["operator-driver-root"])["initContainers"]
+    args = build_parser("wait-for-driver").parse_args(init["args"])
+    assert (args.driver_root, args.dev_root, args.timeout) == (
+        Path("/driver-root"), Path("/dev-root"), "600")
+
+
+def test_device_root_and_hook_path_reach_the_flags():
+    args = container(SCENARIOS["operator-driver-root"])["args"]
+    assert "--cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook" in args
+    assert not any(a.startswith("--cdi-hook-path") for a in container()["args"])
+    gke = daemon(SCENARIOS["gke"])
+    assert "--host-driver-root=/home/kubernetes/bin/nvidia" in gke["containers"][0]["args"]
+    assert "--host-dev-root=/" in gke["containers"][0]["args"]
+    custom = daemon({"devRoot": "/run/nvidia/driver/"})
+    assert {v["name"]: v for v in custom["volumes"]}["dev-root-dev"]["hostPath"]["path"] == \
+        "/run/nvidia/driver/dev"
+    assert "--host-dev-root=/run/nvidia/driver/" in custom["containers"][0]["args"]
 
 
 def test_rollout_priority_and_probes():
@@ -391,12 +463,16 @@ def test_security_context_override_replaces_the_default():
         "Bidirectional"
 
 
+GPU_LABELS = ["feature.node.kubernetes.io/pci-10de.present",
+              "feature.node.kubernetes.io/pci-0302_10de.present",  # NFD, by PCI class
+              "feature.node.kubernetes.io/pci-0300_10de.present",
+              "nvidia.com/gpu.present"]
+NO_DEVICE_PLUGIN = {"key": "nvidia.com/gpu.deploy.device-plugin", "operator": "NotIn",
+                    "values": ["true"]}
 GPU_NODE_TERMS = [
-    {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present",
-                           "operator": "In", "values": ["true"]}]},
-    {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In",
-                           "values": ["true"]}]},
-]
+    {"matchExpressions": [{"key": key, "operator": "In", "values": ["true"]}, NO_DEVICE_PLUGIN]}
+    for key in GPU_LABELS]
+"""The default: a node with an NVIDIA GPU (any label), where NVIDIA's device plugin is not."""
 
 
 def _terms(spec: dict[str, Any]) -> Any:
@@ -414,15 +490,30 @@ def test_scheduling_targets_gpu_nodes_by_default():
 
 def test_scheduling_overrides():
     assert "affinity" not in daemon(SIMULATE)
-    assert _terms(daemon({**SIMULATE, "kubeletPlugin": {"gpuNodeAffinity": True}})) == \
-        GPU_NODE_TERMS
+    assert _terms(daemon({**SIMULATE, "kubeletPlugin": {"gpuNodeAffinity": True}})) == [
+        {"matchExpressions": [term["matchExpressions"][0]]} for term in GPU_NODE_TERMS]
     operator = daemon(SCENARIOS["operator-driver-root"])
-    assert "affinity" not in operator and operator["nodeSelector"] == {"gpu": "yes"}
+    # no GPU-node terms, but still off the device plugin's nodes
+    assert _terms(operator) == [{"matchExpressions": [NO_DEVICE_PLUGIN]}]
+    assert operator["nodeSelector"] == {"gpu": "yes"}
     custom = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}}
     assert daemon({"kubeletPlugin": {"affinity": custom}})["affinity"] == custom
     assert daemon({"kubeletPlugin": {"tolerations": []}}).get("tolerations") is None
+
+
+def test_device_plugin_guard():
+    """A chart cannot see which nodes run NVIDIA's device plugin; the scheduler can."""
+    assert _terms(daemon({"allowWithDevicePlugin": True})) == [
+        {"matchExpressions": [term["matchExpressions"][0]]} for term in GPU_NODE_TERMS]
+    assert "affinity" not in daemon({"allowWithDevicePlugin": True,
+                                     "kubeletPlugin": {"gpuNodeAffinity": False}})
+    relabelled = _terms(daemon({"devicePluginNodeLabel": "example.com/device-plugin"}))
+    assert all(t["matchExpressions"][1] == {**NO_DEVICE_PLUGIN, "key": "example.com/device-plugin"}
+               for t in relabelled)
+    assert "nvidia.com/gpu.deploy.device-plugin=true" in notes()
+    assert "device-plugin" not in notes({"allowWithDevicePlugin": True})
 
 
 # --- RBAC -----------------------------------------------------------------------------------
@@ -469,6 +560,14 @@ def test_service_account_annotations():
 
 
 # --- the admission policy -------------------------------------------------------------------
+
+def slice_policy(objs: list[dict[str, Any]],
+                 kind: str = "ValidatingAdmissionPolicy") -> dict[str, Any]:
+    """The policy confining the daemon to its node's slices (the chart has others, generated
+    from the config schema and the catalog: tests/scheduling/test_admission_policy.py)."""
+    (found,) = [o for o in of_kind(objs, kind) if o["metadata"]["name"].endswith("-resourceslices")]
+    return found
+
 
 def _eval(expression: str, activation: dict[str, Any]) -> Any:
     env = celpy.Environment()
@@ -521,7 +620,7 @@ def _slice(node: str | None) -> dict[str, Any]:
     ("CREATE", None, "n1", None, False),  # a token not bound to a pod on a node
 ])
 def test_policy_confines_the_daemon_to_its_node(operation, node, new, old, allowed):
-    policy = one(objects(), "ValidatingAdmissionPolicy")
+    policy = slice_policy(objects())
     obj = None if operation == "DELETE" else _slice(new)
     old_obj = None if operation == "CREATE" else _slice(old)
     verdict, message = admit(policy, operation=operation, node=node, obj=obj, old=old_obj)
@@ -531,7 +630,7 @@ def test_policy_confines_the_daemon_to_its_node(operation, node, new, old, allow
 
 
 def test_policy_refuses_slices_without_a_node():
-    policy = one(objects(), "ValidatingAdmissionPolicy")
+    policy = slice_policy(objects())
     allowed, message = admit(policy, operation="CREATE", node="n1", obj=_slice(None))
     assert not allowed and "without spec.nodeName" in message
 
@@ -542,13 +641,13 @@ def test_policy_refuses_slices_without_a_node():
     "system:serviceaccount:other-namespace:gpudra",
 ])
 def test_policy_leaves_other_users_alone(username):
-    policy = one(objects(), "ValidatingAdmissionPolicy")
+    policy = slice_policy(objects())
     assert admit(policy, operation="DELETE", username=username, old=_slice("n2"))[0]
 
 
 def test_policy_follows_namespace_and_service_account():
     objs = objects(SCENARIOS["existing-serviceaccount"], namespace="gpu-ops")
-    policy = one(objs, "ValidatingAdmissionPolicy")
+    policy = slice_policy(objs)
     assert admit(policy, operation="CREATE", node="n1", obj=_slice("n2"),
                  username="system:serviceaccount:gpu-ops:gpu-daemon")[0] is False
     assert admit(policy, operation="CREATE", node="n1", obj=_slice("n2"))[0] is True
@@ -556,12 +655,12 @@ def test_policy_follows_namespace_and_service_account():
 
 def test_policy_matches_slice_writes_and_is_bound():
     objs = objects()
-    policy = one(objs, "ValidatingAdmissionPolicy")
+    policy = slice_policy(objs)
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert policy["spec"]["matchConstraints"]["resourceRules"] == [{
         "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
         "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}]
-    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    binding = slice_policy(objs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"],
                                "validationActions": ["Deny"]}
 
@@ -653,7 +752,7 @@ def test_custom_namespace_reaches_every_namespaced_object():
             assert obj["metadata"]["namespace"] == "gpu-ops", obj["kind"]
     assert one(objs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "gpu-ops"
     assert "system:serviceaccount:gpu-ops:gpudra" in \
-        one(objs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
+        slice_policy(objs)["spec"]["matchConditions"][0]["expression"]
 
 
 def test_default_namespace_is_refused_unless_allowed():
@@ -673,6 +772,13 @@ def test_default_namespace_is_refused_unless_allowed():
     ({"simulate": {"profil": "dgx-a100"}}, "profil"),
     ({"driverNmae": "gpu.example.com"}, "driverNmae"),
     ({"metrics": {"port": 0}}, "metrics/port"),
+    # Caught by values.schema.json at install, not by a daemon that crash-loops at start:
+    ({"featureGates": {"DynamicMig": True}}, "DynamicMig"),
+    ({"featureGates": {"PassthroughSupport": True}}, "featureGates/PassthroughSupport"),
+    ({"simulate": {"profile": "dgx-a101"}}, "simulate/profile"),
+    ({"resources": {"computeDomains": {"enabled": True}}}, "computeDomains/enabled"),
+    ({"nvidiaDriverRoot": "/run/nvidia/driver", "driverRoot": "/opt/nvidia"}, "disagree"),
+    ({"namespaceOverride": "GPU"}, "namespaceOverride"),
 ])
 def test_bad_values_fail_with_the_value_named(values, complaint):
     assert complaint in render_error(values)
@@ -741,6 +847,57 @@ def test_readme_lists_every_value():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     missing = [p for p in _value_paths(values) if f"`{p}`" not in readme]
     assert not missing
+
+
+def test_values_schema_knows_exactly_the_daemons_gates_and_profiles():
+    """One list each, in the code: the schema refuses at install what the daemon would
+    refuse at start, and nothing it accepts."""
+    from gpudra.driver import sim
+    from gpudra.driver.featuregates import KNOWN, OFF_ONLY
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    gates = schema["featureGates"]["properties"]
+    assert set(gates) == KNOWN
+    assert {name for name, rule in gates.items() if rule == {**rule, "enum": [False]}} == \
+        set(OFF_ONLY)
+    assert sorted(schema["simulate"]["properties"]["profile"]["enum"]) == ["", *sorted(
+        sim.node_profiles())]
+
+
+def test_nvidia_names_work_and_are_deprecated():
+    values = SCENARIOS["nvidia-values"]
+    c = container(values)
+    assert "--host-driver-root=/run/nvidia/driver" in c["args"]
+    assert {v["name"]: v for v in daemon(values)["volumes"]}["driver-root"]["hostPath"][
+        "path"] == "/run/nvidia/driver"
+    assert "nvidiaDriverRoot is NVIDIA's name for driverRoot" in notes(values)
+    assert "NVIDIA's name" not in notes()
+    from gpudra.driver.featuregates import parse_feature_gates
+
+    (flag,) = [a for a in c["args"] if a.startswith("--feature-gates=")]
+    gates = parse_feature_gates(flag.split("=", 1)[1])
+    assert gates.enabled("DeviceHealthCheck") and gates.enabled("TimeSlicingSettings")
+    assert any("NVMLDeviceHealthCheck is NVIDIA's name" in n for n in gates.notes)
+    both = container({"nvidiaDriverRoot": "/x", "driverRoot": "/x"})  # agreeing is fine
+    assert "--host-driver-root=/x" in both["args"]
+
+
+def test_extra_args_env_pod_security_context_and_namespace_override():
+    values = SCENARIOS["extras"]
+    spec = daemon(values)
+    c = spec["containers"][0]
+    assert c["args"][-1] == "--xid-quiet-period=600"
+    assert c["env"][-1] == {"name": "TZ", "value": "UTC"}
+    assert spec["securityContext"] == {"fsGroup": 0}
+    assert "securityContext" not in daemon()
+    objs = objects(values)  # the release namespace is gpudra-system, the override wins
+    for obj in objs:
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert obj["metadata"]["namespace"] == "gpu-ops", obj["kind"]
+    assert one(objs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "gpu-ops"
+    assert "system:serviceaccount:gpu-ops:gpudra" in \
+        slice_policy(objs)["spec"]["matchConditions"][0]["expression"]
+    assert "kubectl get pods -n gpu-ops" in notes(values)
 
 
 def test_docs_name_every_feature_gate_and_simulated_profile():

@@ -41,6 +41,10 @@ def minimal(name="gpu-0", kind="k8s.gpu.nvidia.com/claim", **edits):
         (minimal(), "0.3.0"),
         (minimal(mounts=[{"hostPath": "/a", "containerPath": "/a"}]), "0.3.0"),
         (minimal(mounts=[{"hostPath": "/a", "containerPath": "/a", "type": "bind"}]), "0.4.0"),
+        # Hooks (createContainer, args, env) are in every version since 0.3.0.
+        (minimal(hooks=[{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                         "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/l"],
+                         "env": ["A=1"]}]), "0.3.0"),
         (minimal(deviceNodes=[{"path": "/dev/x", "hostPath": "/r/dev/x"}]), "0.5.0"),
         (minimal(name="0abc-gpu-0"), "0.5.0"),
         ({**minimal(), "annotations": {"a": "b"}}, "0.6.0"),

@@ -83,7 +83,7 @@ def test_mig_capability_minors_come_from_proc_when_the_driver_says_so(root, driv
 def test_mig_capability_without_node_or_major_is_an_error(root, driver_root):
     (root / "proc/devices").write_text("Character devices:\n195 nvidia-frontend\n")
     with pytest.raises(CdiError, match=r"MIG capability device /dev/nvidia-caps/nvidia-cap\d+"
-                                       " not found under driver root"):
+                                       " not found under device root"):
         driver_root.mig_edits(0, 1, 0)
 
 
@@ -129,7 +129,7 @@ def test_optional_pieces_may_be_missing_required_ones_may_not(root):
 
 
 def test_missing_gpu_device_node_is_an_error_not_an_empty_spec(root, driver_root):
-    message = f"device node /dev/nvidia5 not found under driver root {root}"
+    message = f"device node /dev/nvidia5 not found under device root {root}"
     with pytest.raises(CdiError, match=message):
         driver_root.gpu_edits(5)
     # A miss is not cached: once the driver creates the node, prepare works.
@@ -137,13 +137,20 @@ def test_missing_gpu_device_node_is_an_error_not_an_empty_spec(root, driver_root
     assert driver_root.gpu_edits(5).device_nodes[0].path == "/dev/nvidia5"
 
 
-def test_discovery_is_cached_until_refresh(root, driver_root):
+def test_discovery_is_cached_until_the_driver_files_change(root, driver_root):
     first = driver_root.common_edits()
-    (root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").unlink()
     assert driver_root.common_edits() is first
-    driver_root.refresh()
+    assert driver_root.gpu_edits(0) == driver_root.gpu_edits(0)
+    # A driver upgrade replaces the libraries: the next use finds out, no restart needed.
+    (root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").unlink()
     with pytest.raises(CdiError, match=r"libnvidia-ml\.so\.1"):
         driver_root.common_edits()
+    populate_driver_root(root, [0, 1], driver_version="590.10.01")
+    driver_root.refresh()  # explicit, too
+    mounts = {m.container_path: m.host_path for m in driver_root.common_edits().mounts}
+    lib = "/usr/lib/x86_64-linux-gnu"
+    assert mounts[f"{lib}/libnvidia-ml.so.1"] == f"{root}{lib}/libnvidia-ml.so.590.10.01"
+    assert driver_root.driver_version() == "590.10.01"
 
 
 def test_real_character_devices_carry_type_and_numbers(tmp_path):

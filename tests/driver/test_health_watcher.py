@@ -319,8 +319,9 @@ def test_an_nvml_failure_is_retried_with_a_fresh_event_set(node, monkeypatch):
                          probe_interval=PROBE_INTERVAL)
     watcher.start()
     try:
-        deadline = time.monotonic() + 2
-        while len(n.library._event_sets) != 1 or not failures:
+        deadline = time.monotonic() + 10
+        # The failure is recorded before the watcher frees the failed set: wait for both.
+        while not (failures and failures[0].freed and len(n.library._event_sets) == 1):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert failures[0].freed  # the failed set was freed, a new one made

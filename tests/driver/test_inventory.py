@@ -17,19 +17,27 @@ from gpudra.driver.nvml import open_nvml
 
 # Pinned on purpose: renaming or dropping an attribute breaks users' CEL, so it must break
 # a test first. Names and types follow NVIDIA's driver, plus numaNode and nvlinkDomain.
+# addressingMode is NVIDIA's too, present where NVML answers (the simulated H100s).
 FULL_GPU_ATTRIBUTES = {
     "type": str, "uuid": str, "productName": str, "brand": str, "architecture": str,
     "cudaComputeCapability": Version, "driverVersion": Version, "cudaDriverVersion": Version,
     "resource.kubernetes.io/pciBusID": str, "resource.kubernetes.io/pcieRoot": str,
-    "numaNode": int, "nvlinkDomain": str,
+    "numaNode": int, "nvlinkDomain": str, "addressingMode": str,
 }
 DYNAMIC_MIG_ATTRIBUTES = {
     "type": str, "parentUUID": str, "profile": str, "productName": str, "brand": str,
     "architecture": str, "cudaComputeCapability": Version, "driverVersion": Version,
     "cudaDriverVersion": Version, "resource.kubernetes.io/pciBusID": str,
-    "resource.kubernetes.io/pcieRoot": str, "numaNode": int,
+    "resource.kubernetes.io/pcieRoot": str, "numaNode": int, "addressingMode": str,
 }
 STATIC_MIG_ATTRIBUTES = {**DYNAMIC_MIG_ATTRIBUTES, "uuid": str}
+
+
+def pre_hopper(attributes: dict[str, type]) -> dict[str, type]:
+    """The simulated pre-Hopper GPUs' NVML says NOT_SUPPORTED for the addressing mode."""
+    return {k: v for k, v in attributes.items() if k != "addressingMode"}
+
+
 MIG_CAPACITIES = {"multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines",
                   "ofaEngines", "memory"}
 
@@ -76,6 +84,16 @@ def test_dgx_h100_full_gpus_carry_every_attribute(sim_state):
     assert len({g.attributes["nvlinkDomain"] for g in gpus}) == 1
 
 
+def test_addressing_mode_only_where_nvml_answers(sim_state):
+    """As NVIDIA's driver: HMM/ATS/None when NVML knows it, no attribute when it says
+    NOT_SUPPORTED (the simulated A100s); MIG devices carry their parent's."""
+    hopper = devices_of("dgx-h100", sim_state).devices
+    assert {d.attributes["addressingMode"] for d in hopper} == {"HMM"}
+    sim.uninstall()
+    ampere = devices_of("dgx-a100", sim_state / "a100").devices
+    assert all("addressingMode" not in d.attributes for d in ampere)
+
+
 def test_dgx_h100_dynamic_mig_devices_and_counters(sim_state):
     devices = devices_of("dgx-h100", sim_state)
     gpu0 = [d for d in devices.devices if d.group == "gpu-0"]
@@ -114,7 +132,7 @@ def test_static_mig_is_published_as_it_is(sim_state):
     assert all(d.type == "mig" for d in gpu1)
     assert all("uuid" in d.attributes for d in gpu1)
     for device in gpu1:
-        assert_attributes(device.attributes, STATIC_MIG_ATTRIBUTES)
+        assert_attributes(device.attributes, pre_hopper(STATIC_MIG_ATTRIBUTES))
         assert str(device.attributes["uuid"]).startswith("MIG-")
         slices = {k for k in device.capacity if k.startswith("memorySlice")}
         assert len(slices) == 1
@@ -131,7 +149,7 @@ def test_gpus_without_mig_are_plain(profile, sim_state):
         assert device.type == "gpu"
         # no NVLink on these nodes: the attribute is absent rather than empty
         expected = {k: v for k, v in FULL_GPU_ATTRIBUTES.items() if k != "nvlinkDomain"}
-        assert_attributes(device.attributes, expected)
+        assert_attributes(device.attributes, pre_hopper(expected))
 
 
 def test_nvlink_bridge_pairs_form_their_own_domain(sim_state):

@@ -163,3 +163,50 @@ def test_a_lost_gpu_keeps_its_identity_and_fails_everything_else(simulate, sim_s
     assert pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(5)).total > 0
     control.set_gpu_lost(6, False)
     assert pynvml.nvmlDeviceGetMigMode(handle) == [0, 0]
+
+
+def test_a_removed_gpu_is_not_enumerated_and_fails_a_handle_held_from_before(
+        simulate, sim_state):
+    simulate("l4-x4")
+    held = pynvml.nvmlDeviceGetHandleByIndex(2)
+    uuid = pynvml.nvmlDeviceGetUUID(held)
+    control = sim.SimControl(sim_state)
+    control.remove_gpu(2)
+    assert pynvml.nvmlDeviceGetCount() == 3
+    # indexes close up; minor numbers (the /dev/nvidiaN slot) stay
+    third = pynvml.nvmlDeviceGetHandleByIndex(2)
+    assert pynvml.nvmlDeviceGetMinorNumber(third) == 3
+    assert pynvml.nvmlDeviceGetIndex(third) == 2
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetComputeMode(held)
+    with pytest.raises(ValueError, match="GPU 2 is removed"):
+        control.raise_xid(2, 79)
+    control.insert_gpu(2)
+    assert pynvml.nvmlDeviceGetCount() == 4
+    assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(uuid)) == uuid
+    assert pynvml.nvmlDeviceGetComputeMode(held) == 0
+    with pytest.raises(ValueError, match="in its slot already"):
+        control.insert_gpu(2)
+
+
+def test_a_replaced_gpu_is_a_new_board_in_the_same_slot(simulate, sim_state):
+    simulate("dgx-h100")
+    held = pynvml.nvmlDeviceGetHandleByIndex(1)
+    old_uuid = pynvml.nvmlDeviceGetUUID(held)
+    pynvml.nvmlDeviceSetMigMode(held, pynvml.NVML_DEVICE_MIG_ENABLE)
+    control = sim.SimControl(sim_state)
+    control.replace_gpu(1)
+    new_uuid = control.gpu_uuid(1)
+    assert new_uuid != old_uuid
+    handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetUUID(handle) == new_uuid
+    assert pynvml.nvmlDeviceGetMinorNumber(handle) == 1
+    assert pynvml.nvmlDeviceGetMigMode(handle) == [0, 0]  # fresh from the factory
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetHandleByUUID(old_uuid)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):  # a handle to the board taken out
+        pynvml.nvmlDeviceGetMigMode(held)
+    snapshot = control.snapshot()["gpus"][1]
+    assert (snapshot["uuid"], snapshot["present"]) == (new_uuid, True)

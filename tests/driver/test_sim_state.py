@@ -88,11 +88,29 @@ def test_another_process_sees_instances_and_a_crash_keeps_them(simulate, sim_sta
     assert layout(handle) == [(14, 4), (19, 0)]
 
 
-def test_profile_mismatch_is_refused(sim_state):
-    sim.install("dgx-h100", sim_state)
-    sim.uninstall()
-    with pytest.raises(ValueError, match="holds a simulated 'dgx-h100' node"):
-        sim.install("dgx-a100", sim_state)
+def test_another_profile_on_a_node_is_new_hardware(sim_state):
+    """The node's GPUs were swapped while it was down: the old state is gone, and a process
+    still running on the old hardware finds every GPU lost rather than the new GPUs."""
+    old = sim.install("dgx-h100", sim_state)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    pynvml.nvmlDeviceSetMigMode(handle, ENABLE)
+    old_uuid = pynvml.nvmlDeviceGetUUID(handle)
+    try:
+        new = sim.install("dgx-a100", sim_state)
+        assert sim.SimControl(sim_state).snapshot()["profile"] == "dgx-a100"
+        pynvml.nvmlInit()
+        fresh = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetUUID(fresh) != old_uuid
+        assert pynvml.nvmlDeviceGetMigMode(fresh) == [0, 0]
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetHandleByUUID(old_uuid)
+        # the old library (a process that did not notice) sees its GPUs gone
+        assert old.nvmlDeviceGetComputeMode(handle, ctypes.byref(ctypes.c_int())) == \
+            pynvml.NVML_ERROR_GPU_IS_LOST
+        assert new.node.name == "dgx-a100"
+    finally:
+        sim.uninstall()
 
 
 def test_control_needs_an_installed_node(tmp_path):

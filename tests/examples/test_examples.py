@@ -1,11 +1,14 @@
-"""Every example validates and allocates on the simulated node its README names."""
+"""Every example validates and allocates on the simulated node its README names, and every
+folder is ``kubectl apply -f folder/``-ready: its claims come with the pods that use them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from gpudra.cli.main import main
 from gpudra.driver import sim
@@ -37,6 +40,11 @@ MISFITS = [
 ]
 
 
+# The one folder without a claim: its pod asks for `nvidia.com/gpu: 1` and the scheduler
+# makes the claim (the DeviceClass's extendedResourceName).
+EXTENDED_RESOURCE = "extended-resource"
+
+
 @pytest.fixture(autouse=True)
 def _detach() -> None:
     yield
@@ -50,6 +58,16 @@ def explain_json(capsys, path: str, profile: str) -> dict:
         out = out["items"][0]
     out["exit"] = code
     return out
+
+
+def folder_objects(folder: Path) -> list[dict[str, Any]]:
+    """Every object ``kubectl apply -f folder/`` would create."""
+    return [doc for path in sorted(folder.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _folders() -> list[str]:
+    return sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
 
 
 def test_every_example_validates(capsys):
@@ -89,3 +107,63 @@ def test_example_that_does_not_fit_says_why(path, profile, reason, capsys):
     assert out["exit"] == 1
     assert not out["allocatable"]
     assert reason in json.dumps(out), out["verdict"]
+
+
+# --- kubectl apply -f folder/ -----------------------------------------------------------
+
+@pytest.mark.parametrize("folder", _folders())
+def test_every_folder_has_pods_that_use_its_claims(folder):
+    objects = folder_objects(EXAMPLES / folder)
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    assert pods, f"{folder}: no Pod to run"
+    if folder == EXTENDED_RESOURCE:
+        (device_class,) = [o for o in objects if o["kind"] == "DeviceClass"]
+        resource = device_class["spec"]["extendedResourceName"]
+        assert all(c["resources"]["limits"][resource] for p in pods
+                   for c in p["spec"]["containers"])
+        return
+    claims = {o["metadata"]["name"]: o["spec"] for o in objects
+              if o["kind"] == "ResourceClaim"}
+    claims.update({o["metadata"]["name"]: o["spec"]["spec"] for o in objects
+                   if o["kind"] == "ResourceClaimTemplate"})
+    defined = {o["metadata"]["name"] for o in objects
+               if o["kind"] in ("ResourceClaim", "ResourceClaimTemplate")}
+    used = set()
+    for pod in pods:
+        entries = {e["name"]: e.get("resourceClaimName") or e.get("resourceClaimTemplateName")
+                   for e in pod["spec"]["resourceClaims"]}
+        assert set(entries.values()) <= defined, f"{folder}: {pod['metadata']['name']}"
+        used.update(entries.values())
+        for container in pod["spec"]["containers"]:
+            assert container["image"].startswith("nvcr.io/nvidia/")
+            for ref in container["resources"]["claims"]:
+                # what the apiserver (the name) and the kubelet (the request) check
+                assert ref["name"] in entries, f"{folder}: {container['name']}: {ref}"
+                if "request" in ref:
+                    requests = claims[entries[ref["name"]]]["devices"]["requests"]
+                    assert ref["request"] in {r["name"] for r in requests}
+    assert used == defined, f"{folder}: claims no pod uses: {defined - used}"
+
+
+@pytest.mark.parametrize(("path", "profile", "expected"), CASES,
+                         ids=[f"{c[0].split('/')[0]}@{c[1]}" for c in CASES])
+def test_every_pod_of_the_folder_gets_the_expected_devices(path, profile, expected, capsys):
+    folder = path.split("/")[0]
+    code = main(["explain", str(EXAMPLES / folder), "--simulate", profile, "-o", "json"])
+    out = json.loads(capsys.readouterr().out)
+    items = out.get("items", [out])
+    assert code == 0, [item["verdict"] for item in items]
+    pods = [p for p in folder_objects(EXAMPLES / folder) if p["kind"] == "Pod"]
+    # claims a pod uses are explained with the pod, not again on their own
+    assert [item["subject"] for item in items] == [
+        f"Pod {p['metadata'].get('namespace') + '/' if p['metadata'].get('namespace') else ''}"
+        f"{p['metadata']['name']}" for p in pods]
+    for item in items:
+        chosen = [(r["request"], r["device"]) for result in item["results"]
+                  for r in result["devices"]["results"]]
+        assert chosen == expected, item["subject"]
+
+
+def test_every_case_folder_is_covered():
+    covered = {path.split("/")[0] for path, _, _ in CASES}
+    assert covered == set(_folders()) - {EXTENDED_RESOURCE}

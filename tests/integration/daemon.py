@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpudra.cli.node_cmd import FATAL_EVENT
+from gpudra.testing.kubelet_emulator import BackgroundKubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nvidia.com"
@@ -47,7 +52,13 @@ def write_kubeconfig(path: Path, url: str) -> Path:
 
 @dataclass
 class Daemon:
-    """One ``gpudra node`` process; directories live in a short /tmp path (socket limits)."""
+    """One ``gpudra node`` process; directories live in a short /tmp path (socket limits).
+
+    With ``kubelet`` (the default) a kubelet emulator runs beside it, from ``start()`` to
+    ``stop()``, and registers its sockets as they appear, as the kubelet's plugin watcher
+    does: the daemon publishes only once registered. ``kubelet=False`` is a node whose
+    kubelet is down (or a test that registers by itself).
+    """
 
     url: str
     profile: str = "dgx-h100"
@@ -55,7 +66,9 @@ class Daemon:
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp")))
+    kubelet: bool = True
     process: subprocess.Popen[str] | None = None
+    background_kubelet: BackgroundKubelet | None = None
 
     @property
     def registrar(self) -> Path:
@@ -92,6 +105,8 @@ class Daemon:
                 env.pop(hook, None)
         # A file, not a pipe: nobody reads a pipe while the daemon runs, and a full pipe
         # would block the daemon's logging (and so the daemon) after ~64 KiB.
+        if self.kubelet and self.background_kubelet is None:
+            self.background_kubelet = BackgroundKubelet(self.registrar).start()
         with self.log_path.open("a") as out:
             self.process = subprocess.Popen(args, env=env, cwd=ROOT, text=True, stdout=out,
                                             stderr=subprocess.STDOUT)
@@ -118,17 +133,39 @@ class Daemon:
     def output(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
+    def events(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines, parsed (other lines skipped)."""
+        events = []
+        for line in self.output().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    events.append(json.loads(line))
+        return events
+
+    def fatal_errors(self) -> list[str]:
+        """The ``error`` of each fatal-error line (one per failed run)."""
+        return [e["error"] for e in self.events() if e.get("event") == FATAL_EVENT]
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
         try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
+            if self.process.poll() is None:
+                self.process.send_signal(sig)
+            try:
+                code = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise
+        finally:
+            self.stop_kubelet()
         return code
+
+    def stop_kubelet(self) -> None:
+        """The kubelet goes down (``start()`` brings a new one up)."""
+        if self.background_kubelet is not None:
+            self.background_kubelet.stop()
+            self.background_kubelet = None
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

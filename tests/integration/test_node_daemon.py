@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gpudra.api.claims import ClaimRef
+from gpudra.cli.node_cmd import FATAL_EVENT
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import DRIVER, Daemon, claim_object
@@ -178,11 +179,15 @@ def test_start_up_errors_are_one_line_and_leave_no_socket(extra, message, fake_a
         daemon.start(wait=False)
         assert daemon.process is not None
         assert daemon.process.wait(30) == 1
-        lines = [line for line in daemon.output().splitlines() if line.startswith("gpudra node")]
-        assert len(lines) == 1 and message in lines[0], daemon.output()
+        # --log-format json: the error is one JSON line, like the rest of the log
+        errors = daemon.fatal_errors()
+        assert len(errors) == 1 and message in errors[0], daemon.output()
+        assert daemon.output().count(FATAL_EVENT) == 1
         assert "Traceback" not in daemon.output()
         assert daemon.sockets() == []
+        assert "serving the kubelet" not in daemon.output()  # found before the sockets were up
     finally:
+        daemon.stop_kubelet()
         shutil.rmtree(daemon.base, ignore_errors=True)
 
 

@@ -23,7 +23,8 @@ def metric(text: str, name: str) -> float:
 async def test_probes_and_metrics(fake_api: FakeApiServer):
     fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
     port = free_port()
-    daemon = Daemon(fake_api.url, extra_args=["--http-address", f"127.0.0.1:{port}"])
+    daemon = Daemon(fake_api.url, extra_args=["--http-address", f"127.0.0.1:{port}"],
+                    kubelet=False)
     try:
         daemon.start()
         deadline = time.monotonic() + 10
@@ -34,10 +35,12 @@ async def test_probes_and_metrics(fake_api: FakeApiServer):
             except OSError:
                 await asyncio.sleep(0.05)
         assert get(port, "/healthz") == (200, "ok\n")
-        # slices may be published, but the kubelet has not registered us yet
+        # the kubelet has not registered us yet, so nothing is published either
         status, body = get(port, "/readyz")
         assert status == 503
         assert "not registered with the kubelet yet\n" in body  # says why, line by line
+        assert "ResourceSlices not published: waiting for the kubelet to register this " \
+               "plugin\n" in body
         async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:

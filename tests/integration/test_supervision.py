@@ -67,10 +67,10 @@ async def test_a_publisher_that_keeps_dying_is_named_in_readyz_then_stops_the_da
     assert answers[-1][0] == 503
     assert daemon.process is not None
     assert daemon.process.wait(30) == 1  # gave up: the pod restarts, the node is not silent
-    lines = [line for line in daemon.output().splitlines() if line.startswith("gpudra node:")]
-    assert lines == ["gpudra node: root task publisher not running: gave up after 5 deaths "
-                     "within 60 s, the last with InjectedFault: injected fault at "
-                     "publisher:after-round (GPUDRA_FAIL_AT)"], daemon.output()
+    # one fatal-error line, JSON like the rest of the log (--log-format json)
+    assert daemon.fatal_errors() == ["root task publisher not running: gave up after 5 deaths "
+                                     "within 60 s, the last with InjectedFault: injected fault "
+                                     "at publisher:after-round (GPUDRA_FAIL_AT)"], daemon.output()
     assert daemon.output().count('"root task died; restarting"') == 4
     assert daemon.sockets() == []  # shut down in order: the kubelet sees us leave
 

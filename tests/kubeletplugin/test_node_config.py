@@ -22,15 +22,19 @@ def test_simulated_node_keeps_everything_in_its_data_dir():
     assert config.paths == NodePaths(
         data_dir=Path("/p/x.example.com"), sim_state=Path("/p/x.example.com/sim"),
         driver_root=Path("/p/x.example.com/sim-driver-root"),
-        host_driver_root=Path("/p/x.example.com/sim-driver-root"))
+        host_driver_root=Path("/p/x.example.com/sim-driver-root"),
+        dev_root=Path("/p/x.example.com/sim-dev-root"),
+        host_dev_root=Path("/p/x.example.com/sim-dev-root"))
 
 
 def test_given_paths_win():
     config = NodeConfig(node_name="n", simulate="dgx-h100", sim_state=Path("/state"),
-                        driver_root=Path("/driver-root"), host_driver_root=Path("/run/nvidia"))
+                        driver_root=Path("/driver-root"), host_driver_root=Path("/run/nvidia"),
+                        dev_root=Path("/dev-root"), host_dev_root=Path("/"))
     paths = config.paths
     assert (paths.sim_state, paths.driver_root, paths.host_driver_root) == (
         Path("/state"), Path("/driver-root"), Path("/run/nvidia"))
+    assert (paths.dev_root, paths.host_dev_root) == (Path("/dev-root"), Path("/"))
 
 
 def test_sim_state_without_simulate_is_ignored():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -22,7 +23,7 @@ from gpudra.api.proto import (
     registration_pb2_grpc,
 )
 from gpudra.kubeletplugin.server import PluginServer
-from gpudra.testing.kubelet_emulator import KubeletEmulator, RegistrationError
+from gpudra.testing.kubelet_emulator import KUBELET_SERVICES, KubeletEmulator, RegistrationError
 from tests.kubeletplugin.conftest import DRIVER, Dirs, TestPreparer, claim
 
 
@@ -91,6 +92,77 @@ async def test_a_refused_registration_is_recorded_and_answered_with_an_error(ser
     assert server.registration.error is None
 
 
+async def test_a_refusal_after_a_registration_leaves_it_confirmed(server, kubelet):
+    """What the publisher waits for: confirmed once, never taken back by a later refusal
+    (a restarted kubelet), while ``registered`` follows the kubelet's last word."""
+    state = server.registration
+    assert state.registered.is_set() and state.confirmed.is_set()
+    async with grpc.aio.insecure_channel(f"unix:{server.registration_socket_path}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await registration_pb2_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                registration_pb2.RegistrationStatus(plugin_registered=False, error="restart"),
+                timeout=5)
+    assert not state.registered.is_set()
+    assert state.confirmed.is_set()
+    assert state.error == "restart"
+
+
+async def test_a_refused_first_registration_confirms_nothing(server, dirs):
+    with pytest.raises(RegistrationError):
+        await KubeletEmulator.discover(dirs.registrar, services=("v1alpha3.NodeService",))
+    assert not server.registration.confirmed.is_set()
+
+
+async def test_a_watching_kubelet_registers_plugins_as_they_come_and_after_a_restart(
+        dirs: Dirs, preparer):
+    kubelet = KubeletEmulator(dirs.registrar)
+    watching = asyncio.create_task(kubelet.watch())
+    try:
+        dirs.registrar.mkdir(parents=True)
+        await asyncio.sleep(0.05)  # watching an empty directory
+        assert kubelet.instances == []
+        first = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer)
+        await first.start()
+        try:
+            await asyncio.wait_for(first.registration.confirmed.wait(), 5)
+            await until(lambda: len(kubelet.instances) == 1)
+            [instance] = kubelet.instances
+        finally:
+            await first.stop(grace=0)
+        # The plugin restarts on the same socket path: a new socket, registered again.
+        second = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer)
+        await second.start()
+        try:
+            await asyncio.wait_for(second.registration.confirmed.wait(), 5)
+            await until(lambda: len(kubelet.instances) == 1
+                        and kubelet.instances[0] is not instance)
+            [again] = kubelet.instances
+            assert again is not instance and again.endpoint == instance.endpoint
+            assert (await kubelet.prepare([claim(1)]))["uid-1"]["error"] == ""
+        finally:
+            await second.stop(grace=0)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await kubelet.close()
+
+
+async def test_a_watching_kubelet_retries_a_refused_plugin(server, dirs):
+    kubelet = KubeletEmulator(dirs.registrar, services=("v1alpha3.NodeService",))
+    watching = asyncio.create_task(kubelet.watch(retry=0.05))
+    try:
+        await until(lambda: server.registration_socket_path in kubelet.failures)
+        assert "none of services" in kubelet.failures[server.registration_socket_path]
+        assert "none of services" in (server.registration.error or "")
+        kubelet.services = KUBELET_SERVICES  # the kubelet is upgraded; the retry succeeds
+        await asyncio.wait_for(server.registration.confirmed.wait(), 5)
+        await until(lambda: kubelet.failures == {} and len(kubelet.instances) == 1)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await kubelet.close()
+
+
 async def test_the_emulator_refuses_an_endpoint_registered_twice(server, kubelet):
     with pytest.raises(RegistrationError, match="already registered"):
         await kubelet.register(server.registration_socket_path)
@@ -116,6 +188,13 @@ async def test_get_info_answers_while_a_slow_prepare_is_in_flight(
 
     preparer.gate.set()
     assert (await prepare)["uid-1"]["error"] == ""
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 class FakeHealth:

@@ -98,10 +98,13 @@ def test_a_full_h100_refuses_the_whole_gpu_and_any_further_partition():
 
     gpu = allocator.allocate(claim(exactly("gpu", "gpu.nvidia.com")), "node-a")
     assert not gpu.allocatable and gpu.error is None
-    assert "would go below zero" in gpu.blocking
+    # The partitions already allocated hold the counters: the GPU is not usable (it used to
+    # be counted as usable and as rejected at once).
+    assert "0 of 26 devices usable" in gpu.blocking
+    assert "is held by allocated devices" in gpu.blocking
     (trace,) = gpu.requests
     (outcome,) = [o for o in trace.outcomes if o.device[2] == "gpu-0"]
-    assert outcome.code == "counters"
+    assert outcome.code == "allocated"
 
     for profile in ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb"):
         further = allocator.allocate(claim(mig("m", profile)), "node-a")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpudra.scheduling.cel import CelEvalError, compile_selector, device_view
+from gpudra.scheduling.cel import CelCompileError, CelEvalError, compile_selector, device_view
 
 EMPTY = device_view("gpu.nvidia.com", {"name": "d"})
 
@@ -12,6 +12,8 @@ EMPTY = device_view("gpu.nvidia.com", {"name": "d"})
 def run(expression: str) -> bool | str:
     try:
         return compile_selector(expression).matches(EMPTY)
+    except CelCompileError as exc:
+        return f"refused at create: {exc}"
     except CelEvalError as exc:
         return f"error: {exc}"
 
@@ -34,10 +36,14 @@ def run(expression: str) -> bool | str:
     ("quantity('2').compareTo(quantity('1')) == 1", True),
     ("quantity('1').compareTo(quantity('2')) == -1", True),
     ("quantity('1').compareTo(quantity('1000m')) == 0", True),
-    ("quantity('1').isGreaterThan(1)", "error: no such overload"),
+    ("quantity('1').isGreaterThan(1)", "refused at create: found no matching overload for "
+     "'isGreaterThan' applied to 'kubernetes.Quantity.(int)'"),
+    ("quantity('1').isGreaterThan(dyn(1))", "error: no such overload"),
     ("isQuantity('80Gi') && !isQuantity('80 GiB') && !isQuantity('')", True),
     ("quantity('80 GiB') == quantity('80Gi')", "error: quantities must match"),
-    ("quantity('80Gi') + quantity('1') == quantity('1')", "error: no such overload"),
+    ("quantity('80Gi') + quantity('1') == quantity('1')", "refused at create: found no "
+     "matching overload for '_+_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'"),
+    ("dyn(quantity('80Gi')) + dyn(quantity('1')) == quantity('1')", "error: no such overload"),
 ])
 def test_quantity(expression, expected):
     got = run(expression)
@@ -60,8 +66,12 @@ def test_quantity(expression, expected):
     ("semver('1.10.0').compareTo(semver('1.9.0')) == 1", True),
     ("semver('580.95.05').major() == 580", "error: invalid semver '580.95.05'"),
     ("semver('1.2').major() == 1", "error: invalid semver '1.2'"),
-    ("semver('1.2.3').isGreaterThan('1.2.2')", "error: no such overload"),
-    ("semver('1.2.3') == '1.2.3'", "error: no such overload"),
+    ("semver('1.2.3').isGreaterThan('1.2.2')", "refused at create: found no matching "
+     "overload for 'isGreaterThan' applied to 'kubernetes.Semver.(string)'"),
+    ("semver('1.2.3').isGreaterThan(dyn('1.2.2'))", "error: no such overload"),
+    ("semver('1.2.3') == '1.2.3'", "refused at create: found no matching overload for '_==_' "
+     "applied to '(kubernetes.Semver, string)'"),
+    ("semver('1.2.3') == dyn('1.2.3')", "error: no such overload"),
 ])
 def test_semver(expression, expected):
     got = run(expression)

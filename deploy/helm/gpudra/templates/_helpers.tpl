@@ -94,28 +94,121 @@ Only a privileged container may use Bidirectional mount propagation.
 {{- end }}
 
 {{/*
-The daemon's node affinity: the override, else the chart's GPU-node default when
-kubeletPlugin.gpuNodeAffinity asks for it (auto: unless simulating), else nothing.
-The two terms are ORed: either label marks a node with an NVIDIA GPU.
+The containers' security context: the override, else privileged on real GPUs, locked down
+when simulating.
+*/}}
+{{- define "gpudra.securityContext" -}}
+{{- if .Values.kubeletPlugin.securityContext }}
+{{- toYaml .Values.kubeletPlugin.securityContext }}
+{{- else if not .Values.simulate.profile -}}
+# NVML opens every /dev/nvidia* device, and MIG management creates and destroys
+# GPU and compute instances through /dev/nvidia-caps nodes that appear at run
+# time and needs CAP_SYS_ADMIN for it. An unprivileged container's device cgroup
+# denies those devices and no set of capabilities lifts that, so privileged is
+# the least that lets NVML and MIG work.
+privileged: true
+# Root (the image defaults to a non-root user): the kubelet's socket
+# directories are root-owned and 0750.
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+{{- else -}}
+# Simulated GPUs: no devices to open, so no privilege at all.
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+# Still root (the image defaults to a non-root user): the kubelet's socket
+# directories are root-owned and 0750, and the owner needs no capability to
+# write there.
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+{{- end }}
+
+{{/*
+The host's device nodes and /proc, where the daemon and its init container look for the
+kernel module (live views: HostToContainer).
+*/}}
+{{- define "gpudra.devRootMounts" -}}
+- name: dev-root-dev
+  mountPath: /dev-root/dev
+  readOnly: true
+  mountPropagation: HostToContainer
+- name: dev-root-proc
+  mountPath: /dev-root/proc
+  readOnly: true
+  mountPropagation: HostToContainer
+{{- end }}
+
+{{/*
+The daemon's node affinity: the override, else the chart's GPU-node terms when
+kubeletPlugin.gpuNodeAffinity asks for them (auto: unless simulating), else nothing. The
+terms are ORed: any of the labels marks a node with an NVIDIA GPU. Unless
+allowWithDevicePlugin (or simulating), every term also keeps off nodes where the GPU
+Operator deploys NVIDIA's device plugin: both would hand out the same GPUs.
 */}}
 {{- define "gpudra.affinity" -}}
 {{- $mode := toString .Values.kubeletPlugin.gpuNodeAffinity }}
+{{- $gpuTerms := or (eq $mode "true") (and (eq $mode "auto") (not .Values.simulate.profile)) }}
+{{- $guard := and (not .Values.allowWithDevicePlugin) (not .Values.simulate.profile) }}
 {{- if .Values.kubeletPlugin.affinity }}
 {{- toYaml .Values.kubeletPlugin.affinity }}
-{{- else if or (eq $mode "true") (and (eq $mode "auto") (not .Values.simulate.profile)) }}
+{{- else if or $gpuTerms $guard }}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
     nodeSelectorTerms:
-      # Node Feature Discovery: a PCI device of vendor 0x10de (NVIDIA).
+{{- if $gpuTerms }}
+      # Node Feature Discovery: an NVIDIA (vendor 0x10de) PCI device, by vendor or by
+      # class (0302 3D controller, 0300 VGA); GPU Feature Discovery (GPU Operator).
+{{- range $key := list "feature.node.kubernetes.io/pci-10de.present" "feature.node.kubernetes.io/pci-0302_10de.present" "feature.node.kubernetes.io/pci-0300_10de.present" "nvidia.com/gpu.present" }}
       - matchExpressions:
-          - key: feature.node.kubernetes.io/pci-10de.present
+          - key: {{ $key }}
             operator: In
             values: ["true"]
-      # GPU Feature Discovery (GPU Operator).
+          {{- if $guard }}
+          {{- include "gpudra.devicePluginGuard" $ | nindent 10 }}
+          {{- end }}
+{{- end }}
+{{- else }}
       - matchExpressions:
-          - key: nvidia.com/gpu.present
-            operator: In
-            values: ["true"]
+          {{- include "gpudra.devicePluginGuard" . | nindent 10 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Keeps the daemon off nodes where NVIDIA's device plugin advertises nvidia.com/gpu (the GPU
+Operator labels them): a chart cannot look at nodes while rendering, the scheduler can.
+*/}}
+{{- define "gpudra.devicePluginGuard" -}}
+- key: {{ .Values.devicePluginNodeLabel }}
+  operator: NotIn
+  values: ["true"]
+{{- end }}
+
+{{/*
+The namespace of every namespaced object: namespaceOverride, else the release's.
+*/}}
+{{- define "gpudra.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
+{{/*
+The host's driver root: driverRoot, or NVIDIA's name for it, nvidiaDriverRoot (deprecated).
+*/}}
+{{- define "gpudra.driverRoot" -}}
+{{- if .Values.nvidiaDriverRoot }}
+{{- if and (ne (toString .Values.driverRoot) "/") (ne .Values.driverRoot .Values.nvidiaDriverRoot) }}
+{{- fail (printf "nvidiaDriverRoot %q and driverRoot %q disagree: nvidiaDriverRoot is NVIDIA's name for driverRoot; set driverRoot only" .Values.nvidiaDriverRoot .Values.driverRoot) }}
+{{- end }}
+{{- .Values.nvidiaDriverRoot }}
+{{- else }}
+{{- .Values.driverRoot }}
 {{- end }}
 {{- end }}
 

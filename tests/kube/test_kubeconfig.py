@@ -1,0 +1,260 @@
+"""Kubeconfig resolution as kubectl does it: --kubeconfig, KUBECONFIG (merged), ~/.kube/config,
+in-cluster; --context and --namespace; relative file references; clients that really connect."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client import CoreV1Api
+
+from gpudra.kube.kubeconfig import (
+    ClusterAccess,
+    KubeconfigError,
+    api_client,
+    async_api_client,
+    config_files,
+    merge,
+    resolve,
+)
+from gpudra.testing.fakeapi import FakeApiServer
+
+
+def kubeconfig(path: Path, *, current: str | None = None, namespace: str | None = None,
+               contexts: dict[str, str] | None = None, server: str = "http://127.0.0.1:1",
+               user: dict | None = None, **extra) -> Path:
+    """A kubeconfig with one cluster and user per context name (context → cluster name)."""
+    contexts = contexts if contexts is not None else {"ctx": "c"}
+    document = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": c, "cluster": {"server": server}} for c in set(contexts.values())],
+        "users": [{"name": "u", "user": user or {}}],
+        "contexts": [{"name": name, "context": {"cluster": cluster, "user": "u",
+                                                 **({"namespace": namespace} if namespace
+                                                    else {})}}
+                     for name, cluster in contexts.items()],
+        **extra,
+    }
+    if current is not None:
+        document["current-context"] = current
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    return tmp_path / "home"
+
+
+def env(**values: str) -> dict[str, str]:
+    return dict(values)
+
+
+# --- which files ------------------------------------------------------------------------
+
+def test_the_flag_wins_over_kubeconfig_and_home(tmp_path, home):
+    files, explicit = config_files(tmp_path / "flag", env(KUBECONFIG="/a:/b"), home)
+    assert files == (tmp_path / "flag",)
+    assert explicit
+
+
+def test_kubeconfig_lists_files_in_order_without_duplicates_or_empty_entries(home):
+    files, explicit = config_files(None, env(KUBECONFIG=f"/a{os.pathsep}{os.pathsep}/b"
+                                              f"{os.pathsep}/a"), home)
+    assert files == (Path("/a"), Path("/b"))
+    assert not explicit
+
+
+def test_home_config_is_the_last_file_resort(home):
+    assert config_files(None, env(), home) == ((home / ".kube" / "config",), False)
+    assert config_files(None, env(KUBECONFIG=""), home) == ((home / ".kube" / "config",), False)
+
+
+def test_resolution_order_with_real_files(tmp_path, home):
+    kubeconfig(home / ".kube" / "config", current="ctx", contexts={"ctx": "home"})
+    listed = kubeconfig(tmp_path / "listed", current="ctx", contexts={"ctx": "listed"})
+    flag = kubeconfig(tmp_path / "flag", current="ctx", contexts={"ctx": "flag"})
+
+    def cluster(access: ClusterAccess) -> str:
+        assert access.config is not None
+        return access.config["contexts"][0]["context"]["cluster"]
+
+    assert cluster(resolve(flag, environ=env(KUBECONFIG=str(listed)), home=home)) == "flag"
+    assert cluster(resolve(None, environ=env(KUBECONFIG=str(listed)), home=home)) == "listed"
+    assert cluster(resolve(None, environ=env(), home=home)) == "home"
+    # KUBECONFIG set: ~/.kube/config is not read even when no listed file exists
+    with pytest.raises(KubeconfigError, match="KUBECONFIG="):
+        resolve(None, environ=env(KUBECONFIG=str(tmp_path / "missing")), home=home)
+
+
+def test_in_cluster_when_no_file_and_running_in_a_pod(tmp_path, home):
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "namespace").write_text("gpu-operator\n")
+    pod = env(KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+    access = resolve(None, environ=pod, home=home, service_account=account)
+    assert access == ClusterAccess(None, None, "gpu-operator")
+    assert access.describe() == "in-cluster service account"
+    assert resolve(None, namespace="x", environ=pod, home=home,
+                   service_account=account).namespace == "x"
+    assert resolve(None, environ=pod, home=home,
+                   service_account=tmp_path / "none").namespace == "default"
+    # a kubeconfig, when there is one, wins over the service account (kubectl's order)
+    kubeconfig(home / ".kube" / "config", current="ctx")
+    assert resolve(None, environ=pod, home=home).config is not None
+
+
+def test_no_configuration_at_all_says_where_it_looked(home):
+    with pytest.raises(KubeconfigError) as error:
+        resolve(None, environ=env(), home=home)
+    assert str(error.value) == (
+        f"no cluster configuration: {home}/.kube/config has none and this is not a pod "
+        "(KUBERNETES_SERVICE_HOST is unset); give --kubeconfig FILE")
+
+
+def test_an_explicit_file_must_exist_and_never_falls_back(tmp_path, home):
+    pod = env(KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+    with pytest.raises(KubeconfigError, match=r"^--kubeconfig .*/nope: no such file$"):
+        resolve(tmp_path / "nope", environ=pod, home=home)
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(KubeconfigError, match="empty"):
+        resolve(tmp_path / "empty", environ=pod, home=home)
+
+
+def test_unreadable_kubeconfig_names_the_file(tmp_path, home):
+    bad = tmp_path / "bad"
+    bad.write_text("clusters: [\n")
+    with pytest.raises(KubeconfigError, match=f"kubeconfig {bad}: not valid YAML"):
+        resolve(bad, environ=env(), home=home)
+    bad.write_text("- a list\n")
+    with pytest.raises(KubeconfigError, match="expected a mapping"):
+        resolve(bad, environ=env(), home=home)
+
+
+# --- merging ----------------------------------------------------------------------------
+
+def test_merge_first_file_wins_per_name_and_per_key(tmp_path):
+    first = {"current-context": "a",
+             "clusters": [{"name": "c", "cluster": {"server": "https://first"}}],
+             "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}}],
+             "users": [{"name": "u", "user": {"token": "first"}}]}
+    second = {"current-context": "b", "preferences": {"colors": True},
+              "clusters": [{"name": "c", "cluster": {"server": "https://second"}},
+                           {"name": "d", "cluster": {"server": "https://d"}}],
+              "contexts": [{"name": "b", "context": {"cluster": "d", "user": "u"}}],
+              "users": [{"name": "u", "user": {"token": "second"}}]}
+    merged = merge([(tmp_path / "1", first), (tmp_path / "2", second)])
+    assert merged["current-context"] == "a"
+    assert merged["preferences"] == {"colors": True}  # set by the second file only
+    assert merged["clusters"] == [{"name": "c", "cluster": {"server": "https://first"}},
+                                  {"name": "d", "cluster": {"server": "https://d"}}]
+    assert [c["name"] for c in merged["contexts"]] == ["a", "b"]
+    assert merged["users"] == [{"name": "u", "user": {"token": "first"}}]
+
+
+def test_a_later_file_sets_current_context_when_the_first_does_not(tmp_path, home):
+    first = kubeconfig(tmp_path / "one", contexts={"a": "c"})
+    second = kubeconfig(tmp_path / "two", current="b", contexts={"b": "d"}, namespace="ml")
+    access = resolve(None, environ=env(KUBECONFIG=f"{first}{os.pathsep}{second}"), home=home)
+    assert access.context == "b"
+    assert access.namespace == "ml"
+    assert access.files == (first, second)
+
+
+def test_relative_file_references_resolve_against_the_file_that_names_them(tmp_path):
+    config = {
+        "clusters": [{"name": "c", "cluster": {"server": "https://x",
+                                               "certificate-authority": "pki/ca.crt"}}],
+        "users": [{"name": "u", "user": {"client-certificate": "pki/u.crt",
+                                         "client-key": "/abs/u.key",
+                                         "tokenFile": "token",
+                                         "exec": {"command": "./bin/login"}}},
+                  {"name": "v", "user": {"exec": {"command": "aws"}}}],
+    }
+    merged = merge([(tmp_path / "dir" / "config", config)])
+    base = tmp_path / "dir"
+    assert merged["clusters"][0]["cluster"]["certificate-authority"] == str(base / "pki/ca.crt")
+    user = merged["users"][0]["user"]
+    assert user["client-certificate"] == str(base / "pki/u.crt")
+    assert user["client-key"] == "/abs/u.key"
+    assert user["tokenFile"] == str(base / "token")
+    assert user["exec"]["command"] == str(base / "bin/login")
+    assert merged["users"][1]["user"]["exec"]["command"] == "aws"  # looked up in PATH
+    assert config["users"][0]["user"]["client-certificate"] == "pki/u.crt"  # input untouched
+
+
+# --- context and namespace --------------------------------------------------------------
+
+def test_context_flag_picks_another_context_and_its_namespace(tmp_path, home):
+    path = kubeconfig(tmp_path / "cfg", current="a", contexts={"a": "c", "b": "d"},
+                      namespace="team")
+    access = resolve(path, context="b", environ=env(), home=home)
+    assert (access.context, access.namespace) == ("b", "team")
+    assert resolve(path, context="b", namespace="other", environ=env(),
+                   home=home).namespace == "other"
+    assert access.describe() == f"context b in {path}"
+
+
+def test_namespace_defaults_to_default(tmp_path, home):
+    path = kubeconfig(tmp_path / "cfg", current="ctx")
+    assert resolve(path, environ=env(), home=home).namespace == "default"
+
+
+def test_unknown_or_missing_context_lists_the_contexts(tmp_path, home):
+    path = kubeconfig(tmp_path / "cfg", contexts={"a": "c", "b": "c"})
+    with pytest.raises(KubeconfigError, match=r"no current-context in .*\(contexts: a, b\)"):
+        resolve(path, environ=env(), home=home)
+    with pytest.raises(KubeconfigError, match=r"^--context z: no such context .*\(contexts: a, b"):
+        resolve(path, context="z", environ=env(), home=home)
+    broken = kubeconfig(tmp_path / "broken", current="a", contexts={"a": "c"})
+    document = yaml.safe_load(broken.read_text())
+    document["clusters"] = []
+    broken.write_text(yaml.safe_dump(document))
+    with pytest.raises(KubeconfigError, match="context a: cluster 'c' is not in"):
+        resolve(broken, environ=env(), home=home)
+
+
+def test_context_flag_in_a_pod_without_kubeconfig_is_an_error(tmp_path, home):
+    pod = env(KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+    with pytest.raises(KubeconfigError, match="--context x"):
+        resolve(None, context="x", environ=pod, home=home)
+
+
+# --- clients ----------------------------------------------------------------------------
+
+def test_clients_reach_the_server_of_the_chosen_context(tmp_path, home):
+    with FakeApiServer() as api:
+        path = kubeconfig(tmp_path / "cfg", current="wrong",
+                          contexts={"wrong": "nowhere", "right": "fake"})
+        document = yaml.safe_load(path.read_text())
+        for cluster in document["clusters"]:
+            if cluster["name"] == "fake":
+                cluster["cluster"]["server"] = api.url
+        path.write_text(yaml.safe_dump(document))
+        access = resolve(None, context="right", environ=env(KUBECONFIG=str(path)), home=home)
+        client = api_client(access)
+        try:
+            assert client.configuration.host == api.url
+            assert CoreV1Api(client).list_node(_preload_content=False).status == 200
+        finally:
+            client.close()
+
+
+async def test_async_client_for_the_node_daemon(tmp_path, home):
+    with FakeApiServer() as api:
+        path = kubeconfig(tmp_path / "cfg", current="ctx", server=api.url)
+        client = await async_api_client(resolve(path, environ=env(), home=home))
+        try:
+            assert client.configuration.host == api.url
+        finally:
+            await client.close()
+
+
+def test_client_errors_name_the_context(tmp_path, home):
+    path = kubeconfig(tmp_path / "cfg", current="ctx", server="https://127.0.0.1:1",
+                      user={"client-certificate": "missing.crt", "client-key": "missing.key"})
+    with pytest.raises(KubeconfigError, match=f"^context ctx in {path}: "):
+        api_client(resolve(path, environ=env(), home=home))
