@@ -27,9 +27,15 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY driver/ driver/
-COPY kubeletplugin/ kubeletplugin/
+COPY kube/ kube/
 COPY controller/ controller/
+COPY kubeletplugin/ kubeletplugin/
+COPY scheduling/ scheduling/
+COPY testing/ testing/
 COPY cli/ cli/
+# Package data: the DeviceClasses and examples the demo and `explain` read.
+COPY deploy/deviceclasses/ deploy/deviceclasses/
+COPY examples/ examples/
 # --no-deps: only gpudra's own wheel here; its dependencies are installed in the final stage.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 

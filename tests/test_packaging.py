@@ -80,3 +80,17 @@ def test_installed_wheel_runs_the_demo_without_the_checkout(tmp_path):
         line = next(x for x in out.splitlines() if scenario in x)
         assert "→ prepared" in line, line
     assert "CDI specs left: 0" in out and "sockets left behind: none" in out
+
+
+def test_the_image_build_copies_every_folder_the_wheel_is_made_of():
+    """The Dockerfile builds the wheel from an allowlisted context: a new top-level package
+    folder missing from either list would break ``docker build`` (no Docker engine here)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    allowed = (ROOT / ".dockerignore").read_text().splitlines()
+    for folder in config["package-dir"].values():
+        copied = [line for line in dockerfile.splitlines()
+                  if line.startswith(f"COPY {folder}/")]
+        assert copied, f"Dockerfile does not COPY {folder}/"
+        assert any(line.startswith(f"!{folder}/") for line in allowed), (
+            f".dockerignore keeps {folder}/ out of the build context")

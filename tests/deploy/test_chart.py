@@ -269,7 +269,8 @@ DEFAULT_ARGS = [
 
 def test_daemon_command_and_flags():
     c = container()
-    assert c["command"] == ["gpudra"]
+    # tini as PID 1 reaps processes re-parented to the daemon (MPS servers)
+    assert c["command"] == ["/usr/bin/tini", "--", "gpudra"]
     assert c["args"] == DEFAULT_ARGS
     assert c["image"] == f"ghcr.io/gpudra/gpudra:{APP_VERSION}"
     assert c["imagePullPolicy"] == "IfNotPresent"
