@@ -38,7 +38,13 @@ from gpudra.testing.kubelet_emulator import BackgroundKubelet, KubeletEmulator
 
 DRIVER = "gpu.nvidia.com"
 NODE = "demo-node"
+DEMO_USAGE_INTERVAL = 0.2
+"""Seconds between usage samples in the demo (10 s by default), so ``top`` has figures."""
+DEMO_GPU_LOAD = (85, 2, 60, 40, 95, 15, 70, 0)
+"""SM % the demo puts on each full GPU."""
 # (example file, what it shows)
+SHARED_GPU = 7
+"""The demo's shareable GPU (``--shareable-gpus``): the whole-GPU scenarios take the first."""
 SCENARIOS = [
     ("single-gpu/gpu.yaml", "one full GPU"),
     ("mig-1g-dynamic/claim.yaml", "a 1g MIG slice, created on demand"),
@@ -152,7 +158,9 @@ def _demo(profile: str, base: Path) -> None:
                      "--simulate", profile, "--kubeconfig", str(kubeconfig),
                      "--registrar-dir", str(base / "registry"),
                      "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
-                     "--http-address", f"127.0.0.1:{http}", "--log-format", "json"]
+                     "--http-address", f"127.0.0.1:{http}", "--log-format", "json",
+                     "--shareable-gpus", str(SHARED_GPU),
+                     "--usage-interval", f"{DEMO_USAGE_INTERVAL}s"]
         # A kubelet registers the daemon as its sockets appear: it publishes only then.
         with BackgroundKubelet(base / "registry"), \
                 _process(node_args, log=base / "node.log") as daemon:
@@ -160,7 +168,7 @@ def _demo(profile: str, base: Path) -> None:
                                base / "node.log")
             elapsed = time.monotonic() - started
             _print_slices(slices, elapsed)
-            asyncio.run(_claims(url, base, slices))
+            asyncio.run(_claims(url, base, slices, http))
             _print_metrics(http)
             daemon.send_signal(signal.SIGTERM)
             code = daemon.wait(20)
@@ -195,7 +203,7 @@ def _print_slices(slices: list[dict[str, Any]], elapsed: float) -> None:
     _say()
 
 
-async def _claims(url: str, base: Path, slices: list[dict[str, Any]]) -> None:
+async def _claims(url: str, base: Path, slices: list[dict[str, Any]], http: int) -> None:
     classes = _api(url, "/apis/resource.k8s.io/v1/deviceclasses")["items"]
     allocations: list[dict[str, Any]] = []
     prepared: list[Any] = []
@@ -216,14 +224,88 @@ async def _claims(url: str, base: Path, slices: list[dict[str, Any]]) -> None:
             status = f"error: {response['error']}" if response["error"] else f"prepared {devices}"
             _say(f"   {what:<36} {path.split('/')[0]:<18} → {status}")
             prepared.append(ref)
+        prepared += await _share_scene(url, base, slices, classes, allocations, kubelet)
         _say(f"   → on the (simulated) hardware now: {_hardware(base)}")
         _print_cdi(base, prepared)
+        _top(base, http)
         _say("4. unprepare (pods gone): MIG devices destroyed, settings restored, specs removed")
         for ref in prepared:
             await kubelet.unprepare([ref])
         left = sorted(p.name for p in (base / "cdi").glob("*.json"))
         _say(f"   → on the hardware now: {_hardware(base)}; CDI specs left: {len(left)}")
         _say()
+
+
+def _top(base: Path, http: int) -> None:
+    """Simulated load on every GPU and MIG device, then ``gpudra top`` of the claims."""
+    from gpudra.cli import top_cmd
+    from gpudra.driver.sim import SimControl
+
+    sim = SimControl(base / "plugins" / DRIVER / "sim")
+    for gpu in sim.snapshot()["gpus"]:
+        index = gpu["index"]
+        instances = [ci for gi in gpu["gpu_instances"] for ci in gi["compute_instances"]]
+        for k, ci in enumerate(instances):
+            sim.set_load(index, mig_uuid=ci["uuid"], sm_percent=(35 + 30 * k) % 100,
+                         memory_bytes=(k + 2) * 2**30)
+        if not gpu["mig_mode"]["current"]:
+            sm = DEMO_GPU_LOAD[index % len(DEMO_GPU_LOAD)]
+            sim.set_load(index, sm_percent=sm, memory_bytes=int(sm / 2) * 2**30)
+    time.sleep(DEMO_USAGE_INTERVAL * 3)  # a few sampling passes (GPM compares two)
+    snapshot = top_cmd.fetch([f"http://127.0.0.1:{http}"])
+    _say("   gpudra top (with simulated load on the devices):")
+    for line in top_cmd.render(snapshot, "table", "util").splitlines():
+        _say(f"   {line}")
+    _say()
+
+
+async def _share_scene(  # noqa: PLR0917 - the demo's running state, passed along
+    url: str, base: Path, slices: list[dict[str, Any]], classes: list[dict[str, Any]],
+    allocations: list[dict[str, Any]], kubelet: KubeletEmulator,
+) -> list[ClaimRef]:
+    """Two pods share one GPU by memory and SMs: one MPS daemon, each pod's own limits."""
+    from gpudra.driver.sim.mps_daemon import read_limits
+
+    documents = list(yaml.safe_load_all(
+        package_data.example("fractional-gpu/claims.yaml").read_text()))
+    known = {c["metadata"]["name"] for c in classes}
+    for doc in documents:  # the share class, if the chart's classes do not have it
+        if doc.get("kind") == "DeviceClass" and doc["metadata"]["name"] not in known:
+            classes.append(_api(url, "/apis/resource.k8s.io/v1/deviceclasses", method="POST",
+                                body=doc))
+    found, _ = subjects(documents)
+    refs = []
+    for subject in found:
+        claim = dict(subject.claims[0])
+        allocation = Allocator(slices, classes, allocations).allocate(claim, NODE)
+        if allocation.result is None:
+            _say(f"   share {claim['metadata']['name']}: not allocatable: "
+                 f"{allocation.blocking or allocation.error}")
+            continue
+        allocations.append(allocation.result)
+        ref = _create_claim(url, claim, allocation.result)
+        response = (await kubelet.prepare([ref]))[ref.uid]
+        if response["error"]:
+            _say(f"   share {ref.name}: error: {response['error']}")
+            continue
+        refs.append(ref)
+        [result] = allocation.result["devices"]["results"]
+        spec = json.loads((base / "cdi" / f"k8s.{DRIVER}-claim_{ref.uid}.json").read_text())
+        env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+        consumed = result.get("consumedCapacity", {})
+        what = f"a share of GPU {SHARED_GPU}"
+        _say(f"   {what:<36} {ref.name:<18} → prepared "
+             f"{result['device']} share {str(result.get('shareID'))[:8]}…: "
+             f"{consumed.get('memory')} / {consumed.get('multiprocessors')} SMs → MPS limits "
+             f"{env.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}, "
+             f"{env.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% of the SMs")
+    daemons = sorted((base / "plugins" / DRIVER / "mps").glob("shared-*"))
+    for directory in daemons:
+        limits = read_limits(directory / "log")
+        _say(f"   → one MPS control daemon for the shared GPU ({directory.name[:20]}…), "
+             f"defaults {limits.get('defaultActiveThreadPercentage')}% / "
+             f"{next(iter(limits.get('defaultDevicePinnedMemLimit', {}).values()), '-')}")
+    return refs
 
 
 def _hardware(base: Path) -> str:

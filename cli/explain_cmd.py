@@ -63,6 +63,9 @@ def add_parser(sub: Any) -> None:
                         help="DRA driver name (env DRIVER_NAME; default gpu.nvidia.com)")
     parser.add_argument("--feature-gates", default=env("FEATURE_GATES", ""),
                         help="comma-separated Name=true|false for the simulated node")
+    parser.add_argument("--shareable-gpus", default=env("SHAREABLE_GPUS", "none"),
+                        help="GPUs of the simulated node that publish a shared device: all, "
+                             "none, or minors/UUIDs (as the node daemon's flag)")
     add_output_flag(parser, "every node's allocation and trace")
     parser.set_defaults(run=run)
 

@@ -30,6 +30,7 @@ from gpudra.controller.slice_validation import SliceValidationError, ensure_vali
 from gpudra.controller.slices import build_slices, slice_list
 from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.devices import Device, NodeDevices
+from gpudra.driver.gpu_shares import NONE, ShareableError, parse_shareable
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
 
 # Beyond this many devices (a DGX with dynamic MIG publishes 208), the default table lists
@@ -70,7 +71,14 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
     for gpu in inventory.unavailable:  # one bad GPU leaves out that GPU, not the node
         name = f"GPU {gpu.index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
         print(f"gpudra inventory: warning: {name} is left out: {gpu.reason}", file=sys.stderr)
-    return build_devices(inventory, ModelOptions(dynamic_mig=gates.enabled("DynamicMIG")))
+    try:
+        shareable = parse_shareable(getattr(args, "shareable_gpus", None))
+    except ShareableError as exc:
+        raise UsageError(str(exc)) from exc
+    if not gates.enabled("ConsumableCapacity"):
+        shareable = NONE
+    return build_devices(inventory, ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
+                                                 shareable=shareable))
 
 
 def run(args: argparse.Namespace) -> int:

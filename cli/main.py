@@ -20,7 +20,6 @@ from gpudra.cli.output import (
     report_error,
     requested_format,
 )
-from gpudra.cli.version import version
 
 # Subcommand → module. Only the module of the command being run is imported, so the node
 # daemon does not pay for the CEL and allocator imports of `explain` at start-up.
@@ -31,6 +30,7 @@ COMMANDS = {
     "node": "node_cmd",
     "wait-for-driver": "wait_for_driver_cmd",
     "sim": "sim_cmd",
+    "top": "top_cmd",
     "demo": "demo_cmd",
     "completion": "completion",
 }
@@ -39,6 +39,22 @@ COMMANDS = {
 def program_name(argv0: str) -> str:
     """``kubectl gpudra`` when kubectl runs us as its plugin ``kubectl-gpudra``."""
     return "kubectl gpudra" if Path(argv0).name.startswith("kubectl-gpudra") else "gpudra"
+
+
+class _Version(argparse.Action):
+    """``--version``: the distribution's metadata is read only when asked (importing
+    ``importlib.metadata`` costs every command ~10 ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from gpudra.cli.version import version
+
+        print(f"gpudra {version()}")  # to stdout, as argparse's own version action does
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +71,8 @@ def build_parser(only: str | None = None, prog: str = "gpudra") -> argparse.Argu
         description="Kubernetes DRA driver for NVIDIA GPUs (with a simulated GPU node).",
         epilog=EXIT_STATUS_HELP,
     )
-    parser.add_argument("--version", action="version", version=f"gpudra {version()}")
+    parser.add_argument("--version", action=_Version,
+                        help="show program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
         if only is None or name == only:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import math
+import os
 import signal
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -25,6 +29,7 @@ from gpudra.cli.options import (
 )
 from gpudra.cli.version import version
 from gpudra.driver.featuregates import DEFAULTS as GATES
+from gpudra.driver.gpu_shares import NONE, ShareableError, ShareableGpus, parse_shareable
 from gpudra.driver.health import DEFAULT_QUIET_PERIOD, HealthPolicy, parse_xids
 from gpudra.kubeletplugin.daemon import DaemonError, serve
 from gpudra.kubeletplugin.node_config import NodeConfig
@@ -99,9 +104,28 @@ def add_parser(sub: Any) -> None:
                         help="seconds without a new critical XID after which a GPU's XID taint "
                              f"clears; 0 keeps taints until restart (env XID_QUIET_PERIOD; "
                              f"default {DEFAULT_QUIET_PERIOD:g})")
+    parser.add_argument("--shareable-gpus", metavar="all|none|LIST",
+                        default=env("SHAREABLE_GPUS", "none"),
+                        help="GPUs that also publish a shared device for fractional claims "
+                             "(class gpu-share.nvidia.com): all, none, or comma-separated "
+                             "minor numbers or UUIDs (env SHAREABLE_GPUS; default none; needs "
+                             "the ConsumableCapacity gate)")
     parser.add_argument("--shutdown-grace", type=float, default=env("SHUTDOWN_GRACE", "10"),
                         help="seconds in-flight calls may take to finish at shutdown "
                              "(env SHUTDOWN_GRACE; default 10)")
+    parser.add_argument("--usage-interval", metavar="DURATION",
+                        default=env("USAGE_INTERVAL", "10s"),
+                        help="how often to sample what prepared claims do with their GPUs "
+                             "(per-claim metrics, idle detection); 0 turns sampling off "
+                             "(env USAGE_INTERVAL; default 10s)")
+    parser.add_argument("--idle-threshold", metavar="PERCENT",
+                        default=env("IDLE_THRESHOLD", "5"),
+                        help="SM utilisation under which a device counts as idle "
+                             "(env IDLE_THRESHOLD; default 5)")
+    parser.add_argument("--idle-after", metavar="DURATION",
+                        default=env("IDLE_AFTER", "30m"),
+                        help="a claim whose devices all stay under --idle-threshold this long "
+                             "is idle (env IDLE_AFTER; default 30m)")
     parser.set_defaults(run=run)
 
 
@@ -110,6 +134,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     check_simulate_profile(args)
     return NodeConfig(
         node_name=node_name(args), driver_name=args.driver_name, gates=feature_gates(args),
+        shareable=_shareable(args),
         health=_health_policy(args), kubeconfig=args.kubeconfig or None,
         registrar_dir=args.registrar_dir, plugins_dir=args.plugins_dir,
         cdi_root=args.cdi_root, driver_root=args.driver_root,
@@ -119,7 +144,49 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         sim_state=args.sim_state, pod_uid=args.pod_uid or None,
         http_address=_http_address(args.http_address),
         registration_timeout=_registration_timeout(args.registration_timeout),
-        shutdown_grace=args.shutdown_grace)
+        shutdown_grace=args.shutdown_grace,
+        usage_interval=_duration(args.usage_interval, "--usage-interval (env USAGE_INTERVAL)",
+                                 zero_ok=True),
+        idle_threshold=_idle_threshold(args.idle_threshold),
+        idle_after=_duration(args.idle_after, "--idle-after (env IDLE_AFTER)"))
+
+
+def _shareable(args: argparse.Namespace) -> ShareableGpus:
+    """``--shareable-gpus``, or none at all with the ConsumableCapacity gate off."""
+    try:
+        chosen = parse_shareable(args.shareable_gpus)
+    except ShareableError as exc:
+        raise CliError(f"{exc} (env SHAREABLE_GPUS)") from None
+    return chosen if feature_gates(args).enabled("ConsumableCapacity") else NONE
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str, flag: str, *, zero_ok: bool = False) -> float:
+    """Seconds from ``90``, ``90s``, ``500ms``, ``5m`` or ``1h``."""
+    value = text.strip()
+    unit = next((u for u in ("ms", "s", "m", "h") if value.endswith(u)), "s")
+    number = value[:-len(unit)] if value.endswith(unit) else value
+    try:
+        seconds = float(number) * _DURATION_UNITS[unit]
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and (seconds > 0 or (zero_ok and seconds == 0))):
+        need = ">= 0" if zero_ok else "> 0"
+        raise CliError(f"{flag}: {text!r}: need a duration {need} (such as 10s, 5m, 1h)")
+    return seconds
+
+
+def _idle_threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 100:
+        raise CliError(f"--idle-threshold (env IDLE_THRESHOLD): {text!r}: need a percentage "
+                       "from 0 to 100")
+    return value
 
 
 def _health_policy(args: argparse.Namespace) -> HealthPolicy:
@@ -191,7 +258,8 @@ def _log_settings(args: argparse.Namespace) -> tuple[LogFormat, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the daemon; exit status 1 after a fatal error, reported as one line: the log's
-    format when it is ``json`` (one JSON object), else ``gpudra node: <error>``."""
+    format when it is ``json`` (one JSON object), else ``gpudra node: <error>``. After a
+    clean stop the process exits 0 here, at once (:func:`_exit_now`)."""
     fmt, level = _log_settings(args)  # a bad one is a plain line: no format to use yet
     effective = resolve_format(fmt)
     try:
@@ -221,4 +289,15 @@ def run(args: argparse.Namespace) -> int:
             raise
         fatal_line(FATAL_EVENT, error=f"{type(exc).__name__}: {exc}", exc_info=True)
         return 1
-    return 0
+    _exit_now()
+
+
+def _exit_now() -> NoReturn:
+    """Exit 0 without the interpreter's finalisation: the daemon has closed everything it
+    opened (sockets removed, NVML shut down, checkpoint unlocked by the kernel), and tearing
+    down grpc's core and every module takes ~130 ms a rolling update would wait for."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)

@@ -1,5 +1,5 @@
-"""``gpudra sim``: fault injection on a simulated GPU node (XIDs, lost GPUs) and hardware
-changes between daemon runs (GPUs pulled out, put back, replaced).
+"""``gpudra sim``: fault injection on a simulated GPU node (XIDs, lost GPUs), simulated load,
+and hardware changes between daemon runs (GPUs pulled out, put back, replaced).
 
 Works from any process on the node's state directory, including while a daemon runs on
 it: the daemon's XID watcher sees the event within milliseconds. To swap the whole node,
@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gpudra.api.quantity import parse_quantity
 from gpudra.cli.options import CliError, env
 from gpudra.driver.sim import SimControl
 
@@ -38,6 +39,21 @@ def add_parser(sub: Any) -> None:
     lost.add_argument("--recover", action="store_true", help="the GPU answers NVML again")
     lost.set_defaults(run=run_gpu_lost)
 
+    load = actions.add_parser(
+        "load", help="simulate work on a GPU or MIG device (SM %% and memory)",
+        description="Replace the simulated load on a GPU or one of its MIG devices; "
+                    "--sm 0 --memory 0 clears it. NVML then reports it as utilisation, "
+                    "memory used and power.")
+    _add_target_flags(load)
+    load.add_argument("--mig-uuid", metavar="U", help="put the load on this MIG device")
+    load.add_argument("--sm", type=_percent, required=True, metavar="PCT",
+                      help="SM utilisation, 0-100")
+    load.add_argument("--memory", type=_bytes, default=0, metavar="Q",
+                      help="memory used, a quantity such as 20Gi (default 0)")
+    load.add_argument("--for", dest="duration", type=_seconds, metavar="D",
+                      help="stop after this long (60s, 5m, 1h); default: until replaced")
+    load.set_defaults(run=run_load)
+
     for name, help_text in _HARDWARE_CHANGES.items():
         change = actions.add_parser(name, help=help_text)
         _add_target_flags(change)
@@ -62,6 +78,40 @@ def _add_target_flags(parser: argparse.ArgumentParser) -> None:
 def _positive_int(text: str) -> int:
     value = _non_negative_int(text)
     if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError("must be within 0-100")
+    return value
+
+
+def _bytes(text: str) -> int:
+    try:
+        value = parse_quantity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return int(value)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def _seconds(text: str) -> float:
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (60s, 5m, 1h)") from None
+    if value <= 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return value
 
@@ -113,6 +163,21 @@ def run_gpu_lost(args: argparse.Namespace) -> int:
         raise CliError(f"--gpu: {exc}") from exc
     state = "answers NVML again" if args.recover else "is lost (GPU_IS_LOST)"
     print(f"GPU {args.gpu} ({uuid}) {state}")
+    return 0
+
+
+def run_load(args: argparse.Namespace) -> int:
+    control = _control(args)
+    uuid = _gpu_uuid(control, args.gpu)
+    try:
+        control.set_load(args.gpu, mig_uuid=args.mig_uuid, sm_percent=args.sm,
+                         memory_bytes=args.memory, duration=args.duration)
+    except ValueError as exc:
+        raise CliError(f"--{'mig-uuid' if args.mig_uuid else 'gpu'}: {exc}") from exc
+    where = f"MIG device {args.mig_uuid} of " if args.mig_uuid else ""
+    until = f" for {args.duration:g}s" if args.duration else ""
+    print(f"load on {where}GPU {args.gpu} ({uuid}): {args.sm:g} % SM, "
+          f"{args.memory / 2**30:.1f} GiB{until}")
     return 0
 
 

@@ -37,6 +37,8 @@ RESOURCE_SLICE_MAX_DEVICE_COUNTER_CONSUMPTIONS_PER_DEVICE: Final = 2
 """types.go ``ResourceSliceMaxDeviceCounterConsumptionsPerDevice``."""
 RESOURCE_SLICE_MAX_COUNTERS_PER_DEVICE_COUNTER_CONSUMPTION: Final = 32
 """types.go ``ResourceSliceMaxCountersPerDeviceCounterConsumption``."""
+CAPACITY_REQUEST_POLICY_DISCRETE_MAX_OPTIONS: Final = 10
+"""types.go ``CapacityRequestPolicyDiscreteMaxOptions``: ``validValues`` entries per policy."""
 RESOURCE_SLICE_MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: Final = 32
 """types.go ``ResourceSliceMaxAttributesAndCapacitiesPerDevice``: len(attributes) +
 len(capacity)."""

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
-from kubernetes.aio import client
 
 from gpudra.controller.slice_diff import (
     Obj,
@@ -60,6 +59,7 @@ from gpudra.kube.errors import ApiCallError, BadAnswer, Conflict, Invalid, NotFo
 from gpudra.kube.log_once import FailureLog
 from gpudra.kube.objects import object_name
 from gpudra.kube.raw_api import NODES, RESOURCE_SLICES, RawApi
+from gpudra.kube.session import ApiSession
 
 log = structlog.get_logger(__name__)
 
@@ -89,11 +89,11 @@ class SlicePublisher:
     held exactly the desired slices.
     """
 
-    def __init__(self, api_client: client.ApiClient, *, driver: str, node_name: str,
+    def __init__(self, session: ApiSession, *, driver: str, node_name: str,
                  resync_delay: float = 0.2, backoff: Backoff | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  request_timeout: float = 10.0) -> None:
-        self._api = RawApi(api_client, timeout=request_timeout)
+        self._api = RawApi(session, timeout=request_timeout)
         self._driver = driver
         self._node = node_name
         self._resync_delay = resync_delay

@@ -38,6 +38,7 @@ from gpudra.controller.api_limits import (
     ATTRIBUTE_AND_CAPACITY_MAX_KEY_LENGTH,
     BINDING_CONDITIONS_MAX_SIZE,
     BINDING_FAILURE_CONDITIONS_MAX_SIZE,
+    CAPACITY_REQUEST_POLICY_DISCRETE_MAX_OPTIONS,
     DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH,
     DEVICE_MAX_ID_LENGTH,
     DEVICE_TAINTS_MAX_LENGTH,
@@ -536,11 +537,116 @@ def _validate_scalar(kind: str, value: Any, path: str) -> list[FieldError]:
 
 def _validate_capacity(raw: Any, path: str, allow_multiple_allocations: bool) -> list[FieldError]:
     errors: list[FieldError] = []
-    _quantity(raw, path, errors)
+    value = _quantity(raw, path, errors)
     policy = raw.get("requestPolicy") if isinstance(raw, Mapping) else None
     if policy is not None and not allow_multiple_allocations:
         errors.append(
             fe.forbidden(f"{path}.requestPolicy", "allowMultipleAllocations must be true"))
+    elif policy is not None and value is not None:
+        errors += _validate_request_policy(policy, value, f"{path}.requestPolicy")
+    return errors
+
+
+def _policy_quantity(raw: Any, path: str, errors: list[FieldError]) -> Fraction | None:
+    """A bare quantity inside a ``requestPolicy`` (``default``, ``min`` …); None when unset."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        errors.append(fe.invalid(path, raw, "must be a quantity string"))
+        return None
+    try:
+        amount: Fraction = parse_quantity(raw)
+    except QuantityError:
+        errors.append(fe.invalid(path, raw, "quantities must match the regular expression "
+                                            "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"))
+        return None
+    return amount
+
+
+def _validate_request_policy(raw: Any, capacity: Fraction, path: str) -> list[FieldError]:
+    """``validateRequestPolicy``: one of ``validValues`` / ``validRange``, both within the
+    capacity value, and a ``default`` the policy itself allows."""
+    errors: list[FieldError] = []
+    policy = _as_mapping(raw, path, errors)
+    if policy is None:
+        return errors
+    default = _policy_quantity(policy.get("default"), f"{path}.default", errors)
+    values = _as_list(policy.get("validValues"), f"{path}.validValues", errors) or []
+    valid_range = (None if policy.get("validRange") is None else
+                   _as_mapping(policy["validRange"], f"{path}.validRange", errors))
+    if values and valid_range is not None:
+        errors.append(fe.forbidden(path, 'exactly one policy can be specified, cannot specify '
+                                         '"validValues" and "validRange" at the same time'))
+    elif values:
+        errors += _validate_valid_values(values, default, capacity, path)
+    elif valid_range is not None:
+        errors += _validate_valid_range(valid_range, default, capacity, path)
+    return errors
+
+
+def _validate_valid_values(values: list[Any], default: Fraction | None, capacity: Fraction,
+                           path: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    vpath = f"{path}.validValues"
+    if len(values) > CAPACITY_REQUEST_POLICY_DISCRETE_MAX_OPTIONS:
+        errors.append(fe.too_many(vpath, len(values), CAPACITY_REQUEST_POLICY_DISCRETE_MAX_OPTIONS))
+        return errors
+    parsed: list[Fraction] = []
+    for i, raw in enumerate(values):
+        amount = _policy_quantity(raw, f"{vpath}[{i}]", errors)
+        if amount is None:
+            continue
+        if parsed and amount <= parsed[-1]:
+            errors.append(fe.invalid(f"{vpath}[{i}]", raw,
+                                     "values must be sorted in ascending order"))
+        if amount > capacity:
+            errors.append(fe.invalid(f"{vpath}[{i}]", raw, "option is larger than capacity value"))
+        parsed.append(amount)
+    if default is not None and default not in parsed:
+        errors.append(fe.invalid(f"{path}.default", str(default),
+                                 "default value is not valid according to the requestPolicy"))
+    return errors
+
+
+def _validate_valid_range(valid_range: Mapping[str, Any], default: Fraction | None,
+                          capacity: Fraction, path: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    rpath = f"{path}.validRange"
+    minimum = _policy_quantity(valid_range.get("min"), f"{rpath}.min", errors)
+    maximum = _policy_quantity(valid_range.get("max"), f"{rpath}.max", errors)
+    step = _policy_quantity(valid_range.get("step"), f"{rpath}.step", errors)
+    if valid_range.get("min") is None:
+        errors.append(fe.required(f"{rpath}.min"))
+        return errors
+    if minimum is None:
+        return errors
+    if minimum > capacity:
+        errors.append(fe.invalid(f"{rpath}.min", valid_range["min"],
+                                 "min is larger than capacity value"))
+    if default is not None and default < minimum:
+        errors.append(fe.invalid(f"{path}.default", str(default), "default is less than min"))
+    if maximum is not None:
+        if maximum < minimum:
+            errors.append(fe.invalid(f"{rpath}.max", valid_range["max"], "max is less than min"))
+        if maximum > capacity:
+            errors.append(fe.invalid(f"{rpath}.max", valid_range["max"],
+                                     "max is larger than capacity value"))
+        if default is not None and default > maximum:
+            errors.append(fe.invalid(f"{path}.default", str(default), "default is more than max"))
+    if step is None:
+        return errors
+    if step <= 0:
+        errors.append(fe.invalid(f"{rpath}.step", valid_range["step"], "step must be positive"))
+        return errors
+    if minimum + step > capacity:
+        errors.append(fe.invalid(f"{rpath}.step", valid_range["step"],
+                                 "one step is larger than capacity value"))
+    if default is not None and (default - minimum) % step != 0:
+        errors.append(fe.invalid(f"{path}.default", str(default),
+                                 "default value is not valid according to the requestPolicy"))
+    if maximum is not None and (maximum - minimum) % step != 0:
+        errors.append(fe.invalid(f"{rpath}.max", valid_range["max"],
+                                 "max is not valid according to the requestPolicy"))
     return errors
 
 

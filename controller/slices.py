@@ -41,6 +41,7 @@ from gpudra.driver.devices import (
     CounterSet,
     Device,
     NodeDevices,
+    RequestPolicy,
     Taint,
     Version,
 )
@@ -202,6 +203,21 @@ def _quantities(values: Mapping[str, int]) -> dict[str, dict[str, str]]:
     return {name: {"value": format_quantity(values[name])} for name in sorted(values)}
 
 
+def _capacities(device: Device) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = dict(_quantities(device.capacity))
+    for name, policy in device.request_policies.items():
+        if name in out:
+            out[name]["requestPolicy"] = _request_policy(policy)
+    return out
+
+
+def _request_policy(policy: RequestPolicy) -> dict[str, Any]:
+    return {"default": format_quantity(policy.default),
+            "validRange": {"max": format_quantity(policy.maximum),
+                           "min": format_quantity(policy.minimum),
+                           "step": format_quantity(policy.step)}}
+
+
 def _counter_sets(counter_sets: Iterable[CounterSet]) -> list[dict[str, Any]]:
     return [{"name": cs.name, "counters": _quantities(cs.counters)} for cs in counter_sets]
 
@@ -224,11 +240,13 @@ def _taint(taint: Taint) -> dict[str, Any]:
 def encode_device(device: Device) -> dict[str, Any]:
     """One ``Device``; empty maps and lists are left out, as the apiserver would store it."""
     out: dict[str, Any] = {"name": device.name}
+    if device.allow_multiple_allocations:
+        out["allowMultipleAllocations"] = True
     if device.attributes:
         attributes = device.attributes
         out["attributes"] = {key: encode_attribute(attributes[key]) for key in sorted(attributes)}
     if device.capacity:
-        out["capacity"] = _quantities(device.capacity)
+        out["capacity"] = _capacities(device)
     if device.consumes_counters:
         out["consumesCounters"] = [_consumption(c) for c in device.consumes_counters]
     if device.taints:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -22,7 +23,8 @@ from gpudra.api.configs import (
     MigDeviceConfig,
     MpsConfig,
 )
-from gpudra.driver import metrics
+from gpudra.driver import metrics, shares
+from gpudra.driver.cdi import ContainerEdits
 from gpudra.driver.checkpoint_model import (
     Checkpoint,
     ClaimRecord,
@@ -47,8 +49,10 @@ from gpudra.driver.prepare_plan import (
     DynamicMigTarget,
     GpuTarget,
     PreparePlan,
+    ShareTarget,
     StaticMigTarget,
 )
+from gpudra.driver.shares import ShareEntry
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +65,7 @@ COMPUTE_MODES = {
 
 def touches_hardware(plan: PreparePlan) -> bool:
     """Whether preparing changes anything on a GPU (MIG devices, modes, daemons)."""
-    return any(isinstance(s.target, DynamicMigTarget)
+    return any(isinstance(s.target, DynamicMigTarget | ShareTarget)
                or (s.config is not None and not s.allocated.admin_access) for s in plan.steps)
 
 
@@ -136,6 +140,9 @@ class ClaimHardware:
         mps_configs = []
         for step in plan.steps:
             config = step.config
+            if step.share is not None:
+                self._preflight_share(claim, step.share)
+                continue
             if config is None or step.allocated.admin_access:
                 continue
             device = step.allocated.device
@@ -158,6 +165,18 @@ class ClaimHardware:
             raise ClaimError(f"claim {claim.ref}: all MPS devices of one claim share one MPS "
                              "daemon and must have the same mpsConfig")
 
+    def _preflight_share(self, claim: ClaimToPrepare, share: ShareEntry) -> None:
+        where = f"claim {claim.ref}: device {share.device!r} (share {share.share_id})"
+        if share.strategy == "MPS" and self.mps is None:
+            raise ClaimError(f"{where}: a share runs under MPS, which is not enabled on this "
+                             "node (feature gate MPSSupport)")
+        if share.strategy == "TimeSlicing" and self.commands is None:
+            raise ClaimError(f"{where} asks for time-slicing, which is not enabled on this "
+                             "node (feature gate TimeSlicingSettings)")
+        reason = self.nvml.why_unavailable(share.gpu)
+        if reason is not None:
+            raise ClaimError(f"{where}: GPU {share.gpu} is unavailable ({reason})")
+
     def record_mig_state(
         self, plan: PreparePlan, cp: Checkpoint
     ) -> tuple[Checkpoint, dict[str, Any]]:
@@ -174,11 +193,32 @@ class ClaimHardware:
                 cp = with_mig_mode_baseline(cp, parent, bool(mode and mode.current))
                 restore.setdefault("preexistingMig", {})[parent] = sorted(
                     i.gpu_instance_id for i in self.safe_instances(parent))
+        joining = self._share_entries(plan, cp)
+        if joining:
+            restore["shares"] = {e.share_id: e.to_json() for e in joining}
         return cp, restore
+
+    def _share_entries(self, plan: PreparePlan, cp: Checkpoint) -> list[ShareEntry]:
+        """The claim's shares with their GPU's baseline: read before the first share of a
+        GPU changes it, copied from the shares already there otherwise. Part of the claim's
+        first record, so undo (now or after a crash) knows every share that was joining."""
+        entries: list[ShareEntry] = []
+        for step in plan.steps:
+            share = step.share
+            if share is None:
+                continue
+            if share.strategy == "MPS":
+                there = [*shares.shares_on_gpu(cp, share.gpu, plan.claim.uid),
+                         *(e for e in entries if e.gpu == share.gpu)]
+                baseline = (there[0].baseline_compute_mode if there
+                            else self.nvml.compute_mode(share.gpu))
+                share = replace(share, baseline_compute_mode=baseline)
+            entries.append(share)
+        return entries
 
     def apply(
         self, plan: PreparePlan, progress: list[ClaimRecord],
-        persist: Callable[[ClaimRecord], None],
+        persist: Callable[[ClaimRecord], None], cp: Checkpoint | None = None,
     ) -> ClaimRecord:
         """Create MIG devices and apply settings, persisting each irreversible step.
 
@@ -212,7 +252,7 @@ class ClaimHardware:
         mps_uuids: list[str] = []
         mps_config: MpsConfig | None = None
         for i, step in enumerate(plan.steps):
-            if step.allocated.admin_access or step.config is None:
+            if step.allocated.admin_access or step.config is None or step.share is not None:
                 continue  # nothing asked: touch nothing (no implicit time-slicing)
             try:
                 restore = self._apply_settings(plan.claim, step, devices[i], restore)
@@ -241,8 +281,56 @@ class ClaimHardware:
             progress.append(record)
             persist(record)
             self.mps.start(plan.claim.uid, mps_uuids, mps_commands)
+        joined: list[ShareEntry] = []
+        for share in shares.entries_of(record):
+            self._apply_share(plan.claim, share, joined,
+                              shares.shares_on_gpu(cp, share.gpu, plan.claim.uid) if cp else [])
+            joined.append(share)
         crash_point("prepare:after-settings")
         return record.model_copy(update={"devices": devices, "restore": restore})
+
+    def _apply_share(
+        self, claim: ClaimToPrepare, share: ShareEntry, joined: list[ShareEntry],
+        others: list[ShareEntry],
+    ) -> None:
+        """Join the shared GPU: the first share sets it up, later ones raise the daemon's
+        limits when theirs are larger (recorded already: see :meth:`_share_entries`)."""
+        before = [*others, *(e for e in joined if e.gpu == share.gpu)]
+        first = not before
+        where = f"claim {claim.ref}: device {share.device!r} (share {share.share_id})"
+        try:
+            if share.strategy == "TimeSlicing":
+                if first:
+                    assert self.commands is not None  # refused in preflight otherwise
+                    set_time_slice(self.commands, share.gpu, share.time_slice)
+                return
+            assert self.mps is not None  # refused in preflight otherwise
+            key = shares.daemon_key(share.gpu)
+            commands = shares.mps_commands(share.gpu, [*before, share])
+            if first:
+                self.nvml.set_compute_mode(share.gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+            if self.mps.running_pid(key) is None:
+                self.mps.start(key, [share.gpu], commands)
+            elif commands != shares.mps_commands(share.gpu, before):
+                self.mps.send(key, commands)
+        except CommandError as exc:
+            raise ClaimError(f"{where}: setting up the shared GPU failed: {exc}") from exc
+        except NvmlError as exc:
+            raise ClaimError(f"{where}: {exc}") from exc
+
+    def container_edits(self, uid: str, step: DeviceStep) -> ContainerEdits | None:
+        """What a device's container needs beyond the device itself (MPS pipe, limits)."""
+        share = step.share
+        if share is not None:
+            if share.strategy != "MPS" or self.mps is None:
+                return None
+            daemon = self.mps.daemon_for(shares.daemon_key(share.gpu))
+            return daemon.container_edits().merge(
+                ContainerEdits(env=shares.client_env(share)))
+        sharing = step.config.sharing if step.config is not None else None
+        if sharing is not None and sharing.strategy == "MPS" and self.mps is not None:
+            return self.mps.daemon_for(uid).container_edits()
+        return None
 
     def _create_mig(self, claim: ClaimToPrepare, target: DynamicMigTarget) -> MigInstance:
         mode = self.nvml.mig_mode(target.parent_uuid)
@@ -323,6 +411,7 @@ class ClaimHardware:
                     raise
         if record.restore.get("mps") and self.mps is not None:
             self.mps.stop(record.uid)
+        self._undo_shares(record, cp, gone)
         for uuid, value in (record.restore.get("timeSlice") or {}).items():
             if self.commands is not None and uuid not in gone:
                 set_time_slice(self.commands, uuid, int(value))
@@ -343,6 +432,34 @@ class ClaimHardware:
             self.restore_mig_mode(parent, cp)
         return gone
 
+    def _undo_shares(self, record: ClaimRecord, cp: Checkpoint, gone: dict[str, str]) -> None:
+        """Leave the shared GPUs: the last share stops the daemon and puts the GPU back;
+        otherwise the daemon's defaults shrink to the remaining shares'."""
+        by_gpu: dict[str, list[ShareEntry]] = {}
+        for entry in shares.entries_of(record):
+            by_gpu.setdefault(entry.gpu, []).append(entry)
+        for gpu, leaving in by_gpu.items():
+            remaining = shares.shares_on_gpu(cp, gpu, record.uid)
+            strategy = leaving[0].strategy
+            key = shares.daemon_key(gpu)
+            if remaining:
+                commands = shares.mps_commands(gpu, remaining)
+                if strategy == "MPS" and self.mps is not None \
+                        and commands != shares.mps_commands(gpu, [*remaining, *leaving]) \
+                        and self.mps.running_pid(key) is not None:
+                    self.mps.send(key, commands)  # the ceiling shrinks with the largest share
+                continue
+            if strategy == "MPS" and self.mps is not None:
+                self.mps.stop(key)  # idempotent: a crash before the start leaves nothing
+            if gpu in gone:
+                continue
+            baseline = leaving[0].baseline_compute_mode
+            if strategy == "MPS" and baseline is not None:
+                self.nvml.set_compute_mode(gpu, baseline)
+            if strategy == "TimeSlicing" and self.commands is not None:
+                set_time_slice(self.commands, gpu, TIME_SLICE_VALUES["Default"])
+            log.info("last share left the GPU; put it back", claim=record.ref, gpu=gpu)
+
     def _gone_gpus(self, record: ClaimRecord) -> dict[str, str]:
         """The GPUs undoing ``record`` would touch that are not there or do not answer.
 
@@ -353,6 +470,7 @@ class ClaimHardware:
                    and (d.uuid in (record.restore.get("computeMode") or {})
                         or d.uuid in (record.restore.get("timeSlice") or {})
                         or (d.mig is not None and d.mig.profile_id >= 0))}
+        touched |= {e.gpu for e in shares.entries_of(record)}
         return {gpu: reason for gpu in sorted(touched)
                 if (reason := self.nvml.why_unavailable(gpu)) is not None}
 
@@ -407,7 +525,40 @@ class ClaimHardware:
                 claims[record.uid] = MpsClaim(
                     ref=record.ref, uuids=tuple(mps.get("uuids") or ()),
                     commands=None if commands is None else tuple(commands))
+        for gpu, entries in shares.mps_gpus(cp).items():
+            claims[shares.daemon_key(gpu)] = MpsClaim(
+                ref=f"shared GPU {gpu}", uuids=(gpu,),
+                commands=tuple(shares.mps_commands(gpu, entries)))
         return claims
+
+    def reassert_shares(self, cp: Checkpoint) -> None:
+        """After a restart: give every shared GPU its prepared shares' settings again.
+
+        An unprepare that crashed after the last share's GPU was put back (or after a
+        leaving share shrank the daemon's limits) leaves claims still prepared; their GPU
+        goes back to exclusive mode, and the daemon (adopted or restarted by then) gets
+        the limits of the shares the checkpoint holds. Idempotent; per GPU, logged.
+        """
+        for gpu, entries in shares.mps_gpus(cp).items():
+            if self.mps is None or self.nvml.why_unavailable(gpu) is not None:
+                continue
+            try:
+                self.nvml.set_compute_mode(gpu, COMPUTE_MODE_EXCLUSIVE_PROCESS)
+                key = shares.daemon_key(gpu)
+                if self.mps.running_pid(key) is not None:
+                    self.mps.send(key, shares.mps_commands(gpu, entries))
+            except (NvmlError, CommandError) as exc:
+                log.error("cannot restore a shared GPU's MPS settings", gpu=gpu,
+                          error=str(exc))
+        for record in cp.completed().values():
+            for entry in shares.entries_of(record):
+                if entry.strategy == "TimeSlicing" and self.commands is not None \
+                        and self.nvml.why_unavailable(entry.gpu) is None:
+                    try:
+                        set_time_slice(self.commands, entry.gpu, entry.time_slice)
+                    except CommandError as exc:
+                        log.error("cannot restore a shared GPU's time slice", gpu=entry.gpu,
+                                  error=str(exc))
 
     def safe_instances(self, parent: str) -> list[MigInstance]:
         """The GPU's MIG devices; none (with a warning) when NVML cannot list them."""

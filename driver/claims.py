@@ -30,6 +30,13 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    """Set for a share of a multi-allocatable device (DRA consumable capacity)."""
+    consumed: tuple[tuple[str, int], ...] = ()
+    """``consumedCapacity`` of the result, as (capacity name, integer amount), sorted."""
+
+    @property
+    def consumed_capacity(self) -> dict[str, int]:
+        return dict(self.consumed)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,8 @@ class ClaimToPrepare:
     name: str
     devices: tuple[AllocatedDevice, ...]
     configs: tuple[OpaqueConfig, ...] = field(default=())
+    pods: tuple[str, ...] = field(default=())
+    """Pods the claim is reserved for (``status.reservedFor``), for usage labels."""
 
     @property
     def ref(self) -> str:
@@ -78,7 +87,8 @@ def resolve_configs(
     chosen: dict[str, DeviceConfig | None] = {}
     for device in claim.devices:
         kind = device_types.get(device.device, "")
-        wanted = GpuConfig if kind == "gpu" else MigDeviceConfig
+        # A share is a full GPU's share: it takes a GpuConfig (its MPS / time-slicing).
+        wanted = GpuConfig if kind in ("gpu", "gpu-share") else MigDeviceConfig
         chosen[device.device] = None
         for config, value in reversed(decoded):
             if not _applies(config, device.request):
@@ -95,10 +105,11 @@ def resolve_configs(
 
 
 def duplicate_devices(devices: Sequence[AllocatedDevice]) -> list[str]:
+    """Devices allocated twice (two shares of one device, by share ID, are not)."""
     seen: set[tuple[str, str]] = set()
     dupes = []
     for d in devices:
-        key = (d.pool, d.device)
+        key = (d.pool, d.device if d.share_id is None else f"{d.device}/{d.share_id}")
         if key in seen and not d.admin_access:
             dupes.append(d.device)
         seen.add(key)

@@ -18,6 +18,16 @@ from gpudra.driver.devices import (
     NodeDevices,
     Version,
 )
+from gpudra.driver.gpu_shares import (
+    NONE,
+    SHARED_CAPACITIES,
+    SHARED_TYPE,
+    ShareableGpus,
+    can_share,
+    plain_counter_set,
+    shared_device,
+    whole_gpu,
+)
 from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.mig import (
     CAPACITY_NAMES,
@@ -38,6 +48,7 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
 GPU: Final = "gpu"
 MIG: Final = "mig"
+SHARED: Final = SHARED_TYPE
 _COMMON_ATTRIBUTES: Final[Mapping[str, type[AttributeValue]]] = {
     "type": str, "uuid": str, "productName": str, "brand": str, "architecture": str,
     "cudaComputeCapability": Version, "driverVersion": Version, "cudaDriverVersion": Version,
@@ -46,6 +57,7 @@ _COMMON_ATTRIBUTES: Final[Mapping[str, type[AttributeValue]]] = {
 PUBLISHED_ATTRIBUTES: Final[Mapping[str, Mapping[str, type[AttributeValue]]]] = {
     GPU: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
     MIG: {**_COMMON_ATTRIBUTES, "parentUUID": str, "profile": str},
+    SHARED: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
 }
 """Per device type: every attribute a device may carry (some only on some nodes), with the
 Python type of its value. A qualified name is in another domain; bare ones are the driver's."""
@@ -53,6 +65,7 @@ GPU_CAPACITIES: Final = ("memory", "multiprocessors")
 PUBLISHED_CAPACITIES: Final[Mapping[str, tuple[str, ...]]] = {
     GPU: GPU_CAPACITIES,
     MIG: CAPACITY_NAMES,
+    SHARED: SHARED_CAPACITIES,
 }
 """Per device type: the capacities every device of it publishes."""
 MEMORY_SLICE_CAPACITY: Final = "memorySlice"
@@ -78,6 +91,9 @@ class ModelOptions:
     """Publish every (profile, placement) of idle MIG-capable GPUs (feature gate DynamicMIG)."""
     owned_mig_uuids: Collection[str] = ()
     """MIG devices this driver created for prepared claims; not admin-made (static) MIG."""
+    shareable: ShareableGpus = NONE
+    """GPUs that also publish a shared device (``--shareable-gpus``, gate ConsumableCapacity);
+    see ``gpudra.driver.gpu_shares``."""
 
 
 def semver(text: str) -> Version:
@@ -173,13 +189,36 @@ def _static_mig_devices(inv: NodeInventory, gpu: GpuRecord) -> list[Device]:
     return devices
 
 
+def _shareable(gpu: GpuRecord, options: ModelOptions) -> bool:
+    probe = gpu.probe
+    return (options.shareable.covers(probe.minor, probe.uuid)
+            and can_share(probe.memory_bytes, probe.multiprocessors))
+
+
+def _with_share(full: Device, gpu: GpuRecord, counter_set: CounterSet) -> list[Device]:
+    """The full GPU, then its shared twin (after it: whole GPUs keep allocation priority)."""
+    probe = gpu.probe
+    return [full, shared_device(full, probe.minor, probe.memory_bytes, probe.multiprocessors,
+                                counter_set)]
+
+
+def _plain_shared(inv: NodeInventory, gpu: GpuRecord) -> tuple[CounterSet, list[Device]]:
+    """A GPU without dynamic MIG that is shareable: one counter keeps whole and shares apart."""
+    counter_set = plain_counter_set(gpu.probe.minor)
+    full = _full_gpu(inv, gpu, None)
+    full = Device(full.name, full.group, full.attributes, full.capacity,
+                  consumes_counters=whole_gpu(counter_set))
+    return counter_set, _with_share(full, gpu, counter_set)
+
+
 def _dynamic_mig_devices(
-    inv: NodeInventory, gpu: GpuRecord
+    inv: NodeInventory, gpu: GpuRecord, options: ModelOptions
 ) -> tuple[CounterSet, list[Device]]:
     minor = gpu.probe.minor
     counters = gpu_counters(minor, gpu.mig_profiles)
     counter_set = CounterSet(counters.name, dict(counters.counters))
-    devices = [_full_gpu(inv, gpu, counter_set)]
+    full = _full_gpu(inv, gpu, counter_set)
+    devices = _with_share(full, gpu, counter_set) if _shareable(gpu, options) else [full]
     ordered = sorted(gpu.mig_profiles, key=lambda p: (p.slice_count, p.memory_mib, p.index))
     for profile in ordered:
         for placement in placement_order(profile):
@@ -218,7 +257,11 @@ def build_devices(inv: NodeInventory, options: ModelOptions | None = None) -> No
         if _is_static(gpu, options):
             devices.extend(_static_mig_devices(inv, gpu))
         elif options.dynamic_mig and gpu.mig_capable:
-            counter_set, gpu_devices = _dynamic_mig_devices(inv, gpu)
+            counter_set, gpu_devices = _dynamic_mig_devices(inv, gpu, options)
+            counter_sets.append(counter_set)
+            devices.extend(gpu_devices)
+        elif _shareable(gpu, options):
+            counter_set, gpu_devices = _plain_shared(inv, gpu)
             counter_sets.append(counter_set)
             devices.extend(gpu_devices)
         else:

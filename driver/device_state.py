@@ -8,6 +8,13 @@ leaves a started record that :meth:`DeviceState.reconcile` (at start) or the nex
 of the same claim rolls back. All work happens under the checkpoint's file lock, so two
 daemon instances sharing the data directory (a rolling update) never interleave.
 
+A kubelet call is one batch: its specs are written without an fsync each and the CDI
+directory is synced once, before the one checkpoint commit that marks them prepared
+(claims that change a GPU keep their own two-phase commits). Spec *contents* need no
+fsync: a process crash keeps the page cache, and after a power cut the node has a new
+boot id, so the checkpoint drops every claim and start-up removes every spec. Unprepare
+undoes a call's claims under one hold of their GPUs and commits once.
+
 What a claim does to a GPU, and its undo, is :mod:`gpudra.driver.claim_hardware`'s;
 start-up reconciliation is :mod:`gpudra.driver.reconcile`'s.
 """
@@ -15,13 +22,13 @@ start-up reconciliation is :mod:`gpudra.driver.reconcile`'s.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
 
 from gpudra.api.claims import PreparedDevice
-from gpudra.driver import cdi, metrics
+from gpudra.driver import cdi, metrics, shares
 from gpudra.driver.checkpoint_model import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -39,6 +46,7 @@ from gpudra.driver.claim_hardware import ClaimHardware, planned_device, touches_
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.commands import CommandError, CommandRunner
 from gpudra.driver.device_model import ModelOptions
+from gpudra.driver.devices import Device
 from gpudra.driver.driver_root import DriverRoot, uses_video
 from gpudra.driver.faults import crash_point, delay_point
 from gpudra.driver.gpu_locks import GpuLocks, GpuLockTimeout
@@ -51,6 +59,7 @@ from gpudra.driver.prepare_plan import (
     GpuTarget,
     NodeIndex,
     PreparePlan,
+    ShareTarget,
     StaticMigTarget,
     plan_claim,
 )
@@ -100,6 +109,7 @@ class DeviceState:
         """What ``index`` was built from, with ``model_options``, when the node set it: GPUs
         that could not be read are in ``inventory.unavailable``, to add once they answer."""
         self.model_options = ModelOptions()
+        self._by_name: tuple[NodeIndex, Mapping[str, Device]] | None = None
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -175,8 +185,26 @@ class DeviceState:
                     deferred.append(claim.uid)
         finally:
             if deferred:
-                self._persist_many(cp, deferred)
+                self._commit_deferred(cp, deferred, claims, out)
         metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+
+    def _commit_deferred(
+        self, cp: Checkpoint, uids: Sequence[str], claims: Sequence[ClaimToPrepare],
+        out: dict[str, Prepared | ClaimError],
+    ) -> None:
+        """Sync the call's specs, then mark its claims prepared in one checkpoint commit."""
+        try:
+            # Specs durable before the commit that hands them out; a crash in between
+            # leaves specs no completed claim owns, which reconcile removes.
+            cdi.sync_root(self.cdi_root)
+            crash_point("prepare:after-cdi-sync")
+        except cdi.CdiError as exc:
+            refs = {c.uid: c.ref for c in claims}
+            for uid in uids:
+                out[uid] = ClaimError(f"claim {refs[uid]}: {exc}")
+                cdi.remove_spec(self.cdi_root, self.driver, uid)
+            return
+        self._persist_many(cp, uids)
 
     def _parents_of(self, claims: Iterable[ClaimToPrepare]) -> set[str]:
         """The physical GPUs a set of claims touches (unknown devices fail later, in plan)."""
@@ -237,10 +265,15 @@ class DeviceState:
             if step.allocated.admin_access:
                 continue
             key = (step.allocated.pool, step.allocated.device)
-            if key in held:
+            if step.share is not None:  # shares of one device coexist: checked by capacity
+                earlier = [s.share for s in plan.steps[:plan.steps.index(step)] if s.share]
+                shares.check_against_prepared(claim, step.share, cp, _capacity(step), earlier)
+            elif key in held:
                 raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r} is already "
                                  f"prepared for claim {owners[key].ref}")
             for holder, held_device in _physical_holders(cp, claim.uid):
+                if step.share is not None and held_device.share_id is not None:
+                    continue
                 if _physically_overlap(step, held_device):
                     raise ClaimError(
                         f"claim {claim.ref}: device {step.allocated.device!r} overlaps device "
@@ -273,17 +306,20 @@ class DeviceState:
         started = cp
         try:
             record = self.hardware.apply(
-                plan, progress, lambda done: self._persist(started, done.uid, done))
+                plan, progress, lambda done: self._persist(started, done.uid, done), cp=cp)
             cp = with_claim(cp, record)
             specs = [self._cdi_device(claim.uid, step, device)
                      for step, device in zip(plan.steps, record.devices, strict=True)]
-            published = self.index.devices.by_name()
+            published = self._published()
             video = uses_video(published[s.allocated.device] for s in plan.steps
                                if s.allocated.device in published)
             spec = cdi.build_claim_spec(driver=self.driver, claim_uid=claim.uid, devices=specs,
                                         common=self.driver_root.common_edits(video=video))
-            cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid)
+            cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid, durable=False)
             crash_point("prepare:after-cdi-write")
+            if hardware:  # else the caller syncs once for the whole call
+                cdi.sync_root(self.cdi_root)
+                crash_point("prepare:after-cdi-sync")
         except (NvmlError, cdi.CdiError, ClaimError, CommandError, OSError) as exc:
             # Undo what was really done: the latest record, not the plan we started from.
             self._undo(progress[-1], cp)
@@ -294,13 +330,21 @@ class DeviceState:
             raise ClaimError(f"claim {claim.ref}: {exc}") from exc
         qualified = [
             d.model_copy(update={
-                "cdi_device_ids": [cdi.qualified_name(self.driver, claim.uid, d.device)]})
+                "cdi_device_ids": [cdi.qualified_name(
+                    self.driver, claim.uid, shares.cdi_device_name(d.device, d.share_id))]})
             for d in record.devices
         ]
         cp = with_claim_completed(cp, claim.uid, qualified)
         if hardware:
             self._persist(cp, claim.uid, cp.claims[claim.uid])
         return tuple(d.prepared() for d in qualified), cp, not hardware
+
+    def _published(self) -> Mapping[str, Device]:
+        """The node's devices by name, built once per index (not per claim)."""
+        index = self.index
+        if self._by_name is None or self._by_name[0] is not index:
+            self._by_name = (index, index.devices.by_name())
+        return self._by_name[1]
 
     def _cdi_device(self, uid: str, step: DeviceStep, device: DeviceRecord) -> cdi.CdiDevice:
         target = step.target
@@ -313,38 +357,85 @@ class DeviceState:
             assert device.mig is not None
             edits = self.driver_root.mig_edits(target.parent_minor, device.mig.gpu_instance_id,
                                                device.mig.compute_instance_id)
-        sharing = step.config.sharing if step.config is not None else None
-        mps = self.hardware.mps
-        if sharing is not None and sharing.strategy == "MPS" and mps is not None:
-            edits = edits.merge(mps.daemon_for(uid).container_edits())
-        return cdi.CdiDevice(name=device.device, edits=edits)
+        extra = self.hardware.container_edits(uid, step)  # MPS pipe, a share's limits
+        if extra is not None:
+            edits = edits.merge(extra)
+        return cdi.CdiDevice(name=shares.cdi_device_name(device.device, device.share_id),
+                             edits=edits)
 
     # --- unprepare -------------------------------------------------------------------------
 
     def unprepare(self, uid: str) -> None:
         """Undo a claim from the checkpoint alone; unknown claims are fine (idempotent)."""
-        record = self.store.load().claims.get(uid)
-        if record is None:
-            cdi.remove_spec(self.cdi_root, self.driver, uid)
-            return
-        parents = {str(d.parent_uuid or d.uuid) for d in record.devices
+        error = self.unprepare_many([uid])[uid]
+        if error is not None:
+            raise error
+
+    def unprepare_many(self, uids: Sequence[str]) -> dict[str, ClaimError | None]:
+        """Undo a kubelet call's claims under one hold of their GPUs and commit once; each
+        claim's failure is its own (``None``: done). Unknown claims are fine (idempotent)."""
+        out: dict[str, ClaimError | None] = {}
+        claims = self.store.load().claims
+        records = {uid: claims[uid] for uid in uids if uid in claims}
+        for uid in uids:
+            if uid not in records:
+                out[uid] = self._remove_spec(uid)
+        if not records:
+            return out
+        parents = {str(d.parent_uuid or d.uuid) for r in records.values() for d in r.devices
                    if d.parent_uuid or d.uuid}
         try:
             with self.gpu_locks.hold(parents, self._lock_timeout):
-                with self.store.locked(self._lock_timeout):
-                    cp = self.store.load()
+                self._unprepare_held(records, out)
+        except GpuLockTimeout as exc:
+            for uid, record in records.items():
+                out[uid] = ClaimError(f"claim {record.ref}: {exc}; will retry")
+        return out
+
+    def _unprepare_held(
+        self, records: Mapping[str, ClaimRecord], out: dict[str, ClaimError | None],
+    ) -> None:
+        with self.store.locked(self._lock_timeout):
+            cp = self.store.load()
+        done: list[str] = []
+        try:
+            for uid, record in records.items():
                 current = cp.claims.get(uid)
                 if current is None:  # the other daemon instance finished it meanwhile
-                    cdi.remove_spec(self.cdi_root, self.driver, uid)
-                    return
-                self._undo(current, cp)
+                    out[uid] = self._remove_spec(uid)
+                    continue
+                try:
+                    self._undo(current, cp)
+                except (NvmlError, CommandError, cdi.CdiError, OSError) as exc:
+                    out[uid] = ClaimError(
+                        f"claim {record.ref}: unprepare failed, will retry: {exc}")
+                    continue
+                # Later claims' undo must not count this one as still holding its GPU.
                 cp = without_claim(cp, uid)
-                self._persist(cp, uid, None)
-        except GpuLockTimeout as exc:
-            raise ClaimError(f"claim {record.ref}: {exc}; will retry") from exc
-        except (NvmlError, CommandError, OSError) as exc:
-            raise ClaimError(f"claim {record.ref}: unprepare failed, will retry: {exc}") from exc
+                done.append(uid)
+        finally:
+            if done:
+                self._persist_removed(cp, done)
+        for uid in done:
+            out[uid] = None
         metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+
+    def _remove_spec(self, uid: str) -> ClaimError | None:
+        try:
+            cdi.remove_spec(self.cdi_root, self.driver, uid)
+        except cdi.CdiError as exc:
+            return ClaimError(f"claim {uid}: unprepare failed, will retry: {exc}")
+        return None
+
+    def _persist_removed(self, cp: Checkpoint, uids: Sequence[str]) -> None:
+        """Forget claims in one commit, merged into a fresh read (see :meth:`_persist`)."""
+        with self.store.locked(self._lock_timeout):
+            fresh = self.store.load()
+            for gpu, enabled in cp.mig_mode_baseline.items():
+                fresh = with_mig_mode_baseline(fresh, gpu, enabled)
+            for uid in uids:
+                fresh = without_claim(fresh, uid)
+            self.store.save(fresh)
 
     def _undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
         """Put the hardware back, then remove the CDI spec."""
@@ -377,6 +468,10 @@ class DeviceState:
                 self.store.locked(self._lock_timeout):
             cp = self.store.load()
             return [uuid for gpu in wanted for uuid in clean_up_gpu(self.hardware, cp, gpu)]
+
+
+def _capacity(step: DeviceStep) -> dict[str, int]:
+    return dict(step.target.capacity) if isinstance(step.target, ShareTarget) else {}
 
 
 def _physical_holders(

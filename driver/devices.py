@@ -52,7 +52,18 @@ class CounterSet:
     counters: Mapping[str, int]
 
 
-DeviceType = Literal["gpu", "mig"]
+@dataclass(frozen=True)
+class RequestPolicy:
+    """``capacity.<name>.requestPolicy`` of a multi-allocatable device: what one allocation
+    may consume (a ``validRange``; ``default`` when the request names no amount)."""
+
+    default: int
+    minimum: int
+    step: int
+    maximum: int
+
+
+DeviceType = Literal["gpu", "mig", "gpu-share"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,10 @@ class Device:
     capacity: Mapping[str, int]
     consumes_counters: tuple[CounterConsumption, ...] = ()
     taints: tuple[Taint, ...] = ()
+    allow_multiple_allocations: bool = False
+    """DRA consumable capacity: many claims share the device, each consuming capacity."""
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    """Per capacity name; only on multi-allocatable devices."""
 
     @property
     def type(self) -> str:

@@ -23,6 +23,7 @@ POINTS = (
     "prepare:after-mig-recorded",
     "prepare:after-settings",
     "prepare:after-cdi-write",
+    "prepare:after-cdi-sync",
     "unprepare:after-settings-restored",
     "unprepare:after-mig-destroy",
     "unprepare:after-cdi-remove",

@@ -18,6 +18,7 @@ DEFAULTS: Mapping[str, bool] = {
     "MPSSupport": True,
     "ComputeModeSettings": True,
     "DeviceHealthCheck": True,
+    "ConsumableCapacity": True,
 }
 
 ALIASES: Final[Mapping[str, str]] = {"NVMLDeviceHealthCheck": "DeviceHealthCheck"}

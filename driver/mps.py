@@ -1,5 +1,8 @@
-"""One CUDA MPS control daemon per claim: start, adopt after a restart, stop, and what
-containers need.
+"""CUDA MPS control daemons, one per claim or one per shared GPU: start, adopt after a
+restart, stop, and what containers need.
+
+A daemon is named by a key: a claim's uid, or ``shared-<GPU uuid>`` for the daemon all
+shares of a GPU use (:mod:`gpudra.driver.shares`); everything below works the same for both.
 
 Each claim owns ``<base>/<claim uid>/`` under the plugin's data dir (host paths, bind-mounted
 into the claim's containers through CDI): ``pipe/`` (the control socket clients connect to),
@@ -160,6 +163,12 @@ class MpsManager:
             self._quit_running(daemon, claim_uid)
             raise
         return daemon
+
+    def send(self, claim_uid: str, commands: Sequence[str]) -> None:
+        """Send control commands to a running daemon (a shared GPU's new limits)."""
+        if commands:  # one client call: the control shell reads its stdin line by line
+            self.runner.run([CONTROL], env=self.daemon_for(claim_uid).env(),
+                            stdin="".join(c + "\n" for c in commands))
 
     def _wait_started(self, daemon: MpsDaemon) -> int:
         deadline = time.monotonic() + self.timeout

@@ -155,6 +155,8 @@ class Nvml:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._handles: dict[str, Any] = {}
+        self._gpm_support: dict[str, bool] = {}
+        self._gpm_samples: dict[tuple[str, int | None], Any] = {}
 
     @contextmanager
     def _call(self, operation: str) -> Iterator[None]:
@@ -605,6 +607,126 @@ class Nvml:
             if exc.is_gpu_lost:
                 return "GPU is lost (NVML GPU_IS_LOST): fallen off the bus, or it needs a reset"
         return None
+
+    # --- usage --------------------------------------------------------------------------
+
+    def gpu_usage(self, uuid: str, mig_devices: dict[str, int | None]) -> GpuUsage:
+        """One sampling pass over a GPU and the given MIG devices (UUID → GPU instance id,
+        None when unknown: no SM figure then).
+
+        SM % of a MIG device comes from GPM (Hopper and newer) over the time since the
+        previous pass, so the first pass has none; elsewhere it is None (NVML has no per-MIG
+        utilisation before GPM). Not thread-safe per GPU: one sampler calls it.
+        """
+        handle = self.handle(uuid)
+        used, total = self._memory(handle, "nvmlDeviceGetMemoryInfo")
+        sm = self._optional("nvmlDeviceGetUtilizationRates",
+                            lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+        power = self._optional("nvmlDeviceGetPowerUsage",
+                               lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle)) / 1000)
+        gpm = self._gpm_supported(uuid, handle)
+        if sm is None and gpm:
+            sm = self._gpm_sm(uuid, None, handle)
+        migs = {}
+        for mig_uuid, gi_id in mig_devices.items():
+            mig_used, mig_total = self._memory(self._any_handle(mig_uuid),
+                                               "nvmlDeviceGetMemoryInfo (MIG)")
+            mig_sm = self._gpm_sm(uuid, gi_id, handle) if gpm and gi_id is not None else None
+            migs[mig_uuid] = MigUsage(mig_uuid, mig_sm, mig_used, mig_total)
+        self._forget_gpm(uuid, keep={gi for gi in mig_devices.values() if gi is not None})
+        return GpuUsage(uuid, sm, used, total, power, migs)
+
+    def _memory(self, handle: Any, operation: str) -> tuple[int, int]:
+        info = self._run(operation, lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+        return int(info.used), int(info.total)
+
+    def _optional(self, operation: str, fn: Callable[[], T]) -> T | None:
+        """None when NVML does not support the query for this device."""
+        try:
+            return self._run(operation, fn)
+        except NvmlError as exc:
+            if exc.is_not_supported:
+                return None
+            raise
+
+    def _gpm_supported(self, uuid: str, handle: Any) -> bool:
+        with self._lock:
+            known = self._gpm_support.get(uuid)
+        if known is None:
+            support = self._optional("nvmlGpmQueryDeviceSupport",
+                                     lambda: pynvml.nvmlGpmQueryDeviceSupport(handle))
+            known = bool(support is not None and support.isSupportedDevice)
+            with self._lock:
+                self._gpm_support[uuid] = known
+        return known
+
+    def _gpm_sm(self, uuid: str, gi_id: int | None, handle: Any) -> float | None:
+        """SM % between the previous GPM sample of this GPU (instance) and a new one."""
+        key = (uuid, gi_id)
+        with self._call("nvmlGpmSampleGet"):
+            sample = pynvml.nvmlGpmSampleAlloc()
+            try:
+                if gi_id is None:
+                    pynvml.nvmlGpmSampleGet(handle, sample)
+                else:
+                    pynvml.nvmlGpmMigSampleGet(handle, gi_id, sample)
+            except pynvml.NVMLError:
+                pynvml.nvmlGpmSampleFree(sample)
+                raise
+        with self._lock:
+            previous = self._gpm_samples.get(key)
+            self._gpm_samples[key] = sample
+        if previous is None:
+            return None
+        try:
+            request = pynvml.c_nvmlGpmMetricsGet_t()
+            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = 1
+            request.sample1, request.sample2 = previous, sample
+            request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+            self._run("nvmlGpmMetricsGet", lambda: pynvml.nvmlGpmMetricsGet(request))
+            metric = request.metrics[0]
+            if int(metric.nvmlReturn) != pynvml.NVML_SUCCESS:
+                return None
+            return float(metric.value)
+        finally:
+            self._run("nvmlGpmSampleFree", lambda: pynvml.nvmlGpmSampleFree(previous))
+
+    def _forget_gpm(self, uuid: str, keep: set[int]) -> None:
+        """Free the GPM samples of GPU instances that are gone (claim unprepared)."""
+        with self._lock:
+            stale = [key for key in self._gpm_samples
+                     if key[0] == uuid and key[1] is not None and key[1] not in keep]
+            samples = [self._gpm_samples.pop(key) for key in stale]
+        with self._call("nvmlGpmSampleFree"):
+            for sample in samples:
+                pynvml.nvmlGpmSampleFree(sample)
+
+
+@dataclass(frozen=True)
+class MigUsage:
+    """A MIG device's figures; ``sm_percent`` None where NVML has none (no GPM)."""
+
+    uuid: str
+    sm_percent: float | None
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One sampling pass over a GPU: the board's figures and those of its MIG devices.
+
+    ``sm_percent`` is None for a GPU in MIG mode without GPM; ``power_watts`` None where the
+    board does not report power.
+    """
+
+    uuid: str
+    sm_percent: float | None
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_watts: float | None
+    mig: dict[str, MigUsage]
 
 
 # --- event types ---------------------------------------------------------------------------

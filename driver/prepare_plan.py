@@ -19,9 +19,11 @@ from gpudra.driver.claims import (
     resolve_configs,
 )
 from gpudra.driver.device_model import ModelOptions, build_devices
-from gpudra.driver.devices import NodeDevices
+from gpudra.driver.devices import Device, NodeDevices, RequestPolicy
+from gpudra.driver.gpu_shares import SHARED_TYPE, shared_device_minor
 from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.mig import MigProfile, Placement, parse_device_name
+from gpudra.driver.shares import ShareEntry, limits_for
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,17 @@ class DynamicMigTarget:
     """Hopper and newer change MIG mode without a GPU reset."""
 
 
+@dataclass(frozen=True)
+class ShareTarget(GpuTarget):
+    """A share of a full GPU (its ``gpu-<minor>-shared`` device): the GPU itself, plus the
+    shared device's capacities and request policies to check a share against."""
+
+    capacity: tuple[tuple[str, int], ...] = ()
+    policies: tuple[tuple[str, RequestPolicy], ...] = ()
+    tainted: str | None = None
+    """A ``NoExecute`` taint on the device (an unhealthy GPU), as ``key=value``."""
+
+
 Target = GpuTarget | StaticMigTarget | DynamicMigTarget
 
 HOPPER = 9
@@ -59,6 +72,8 @@ class DeviceStep:
     allocated: AllocatedDevice
     target: Target
     config: DeviceConfig | None
+    share: ShareEntry | None = None
+    """For a :class:`ShareTarget`: the share's limits, from the allocation."""
 
     @property
     def parent_uuid(self) -> str:
@@ -85,10 +100,26 @@ class NodeIndex:
         gpus = {g.probe.minor: g for g in inventory.gpus}
         targets: dict[str, Target] = {}
         for device in devices.devices:
+            if device.type == SHARED_TYPE:
+                share = _share_target(device, gpus)
+                if share is not None:
+                    targets[device.name] = share
+                continue
             target = _target(device.name, device.type, device.attributes.get("uuid"), gpus)
             if target is not None:
                 targets[device.name] = target
         return cls(pool, devices, targets)
+
+
+def _share_target(device: Device, gpus: Mapping[int, GpuRecord]) -> ShareTarget | None:
+    minor = shared_device_minor(device.name)
+    if minor is None or minor not in gpus:
+        return None
+    taint = next((t for t in device.taints if t.effect == "NoExecute"), None)
+    return ShareTarget(gpus[minor].probe.uuid, minor,
+                       capacity=tuple(sorted(device.capacity.items())),
+                       policies=tuple(sorted(device.request_policies.items())),
+                       tainted=None if taint is None else f"{taint.key}={taint.value}")
 
 
 def _target(
@@ -128,14 +159,38 @@ def plan_claim(claim: ClaimToPrepare, node: NodeIndex) -> PreparePlan:
         if device.pool != node.pool:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is in pool "
                              f"{device.pool!r}, not this node's pool {node.pool!r}")
+        if device.device not in node.targets and shared_device_minor(device.device) is not None:
+            raise ClaimError(f"claim {claim.ref}: device {device.device!r}: GPU "
+                             f"{shared_device_minor(device.device)} is not shareable on this "
+                             "node (--shareable-gpus, feature gate ConsumableCapacity)")
         if device.device not in node.targets:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is not in this node's "
                              "inventory (was the GPU removed or repartitioned?)")
     types = {d.name: d.type for d in node.devices.devices}
     configs = resolve_configs(claim, types)
-    steps = tuple(DeviceStep(d, node.targets[d.device], configs[d.device]) for d in claim.devices)
+    steps = tuple(_step(claim, d, node.targets[d.device], configs[d.device])
+                  for d in claim.devices)
     _check_overlaps(claim, steps)
     return PreparePlan(claim, steps)
+
+
+def _step(
+    claim: ClaimToPrepare, allocated: AllocatedDevice, target: Target,
+    config: DeviceConfig | None,
+) -> DeviceStep:
+    if not isinstance(target, ShareTarget):
+        if allocated.share_id is not None or allocated.consumed:
+            raise ClaimError(f"claim {claim.ref}: device {allocated.device!r} is not a shared "
+                             "device, yet the allocation result has a shareID or "
+                             "consumedCapacity")
+        return DeviceStep(allocated, target, config)
+    if target.tainted is not None:
+        raise ClaimError(f"claim {claim.ref}: device {allocated.device!r}: GPU {target.uuid} is "
+                         f"unhealthy (taint {target.tainted}); no new shares on it")
+    share = limits_for(claim, allocated.device, allocated.share_id,
+                       allocated.consumed_capacity, dict(target.capacity),
+                       dict(target.policies), target.uuid, config)
+    return DeviceStep(allocated, target, config, share)
 
 
 def _check_overlaps(claim: ClaimToPrepare, steps: tuple[DeviceStep, ...]) -> None:
@@ -145,6 +200,12 @@ def _check_overlaps(claim: ClaimToPrepare, steps: tuple[DeviceStep, ...]) -> Non
         if not step.allocated.admin_access:
             by_parent.setdefault(step.parent_uuid, []).append(step)
     for group in by_parent.values():
+        shared = [s for s in group if isinstance(s.target, ShareTarget)]
+        if shared and len(shared) < len(group):
+            raise ClaimError(f"claim {claim.ref}: device {shared[0].allocated.device!r} is a "
+                             "share of a GPU the claim also holds whole or partitioned")
+        if shared:
+            continue
         whole = [s for s in group if isinstance(s.target, GpuTarget)]
         if whole and len(group) > 1:
             raise ClaimError(f"claim {claim.ref}: device {whole[0].allocated.device!r} is a full "

@@ -54,6 +54,7 @@ def reconcile(
     if hardware.mps is not None:
         # MPS daemons outlive the node daemon: adopt those of prepared claims, stop others.
         report.mps = hardware.mps.reconcile(hardware.mps_claims(cp))
+    hardware.reassert_shares(cp)  # a crash mid-unprepare must not leave a share unlimited
     report.unavailable_gpus = {gpu: reason for gpu in sorted(gpus_named(cp))
                                if (reason := hardware.nvml.why_unavailable(gpu)) is not None}
     for parent in cp.mig_mode_baseline:

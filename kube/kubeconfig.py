@@ -4,8 +4,9 @@ Order: ``--kubeconfig FILE``; else every file of ``KUBECONFIG`` (``:``-separated
 files skipped) merged as kubectl merges them (the first file to set a name or a key wins);
 else ``~/.kube/config``; else the pod's service account (in-cluster). ``--context`` picks a
 context other than ``current-context``; the namespace is ``--namespace``, else the context's,
-else ``default``. :func:`resolve` only reads files; :func:`api_client` and
-:func:`async_api_client` turn its answer into a ``kubernetes`` client.
+else ``default``. :func:`resolve` only reads files; :func:`gpudra.kube.connection` checks
+and reads what it names (our own client, for the node daemon), :func:`api_client` turns it
+into a ``kubernetes`` client for the command-line tools.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def _read(path: Path) -> dict[str, Any]:
     if document is None:
         return {}
     if not isinstance(document, dict):
-        raise KubeconfigError(f"kubeconfig {path}: expected a mapping (kind: Config)")
+        raise KubeconfigError(f"kubeconfig {path}: not a kubeconfig (expected a mapping with "
+                              "clusters, contexts and users)")
     return document
 
 
@@ -206,21 +208,3 @@ def api_client(access: ClusterAccess) -> Any:
             config_dict=access.config, context=access.context, persist_config=False)
     except Exception as exc:  # ConfigException, bad certificates, missing files …
         raise KubeconfigError(f"{access.describe()}: {exc}") from exc
-
-
-async def async_api_client(access: ClusterAccess) -> Any:
-    """A ``kubernetes.aio`` ApiClient, for the node daemon."""
-    from kubernetes.aio import client as aio_client
-    from kubernetes.aio import config as aio_config
-
-    configuration = aio_client.Configuration()
-    try:
-        if access.config is None:
-            aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration)
-        else:
-            await aio_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-                access.config, context=access.context, client_configuration=configuration)
-    except Exception as exc:  # ConfigException, bad certificates, missing files …
-        raise KubeconfigError(f"{access.describe()}: {exc}") from exc
-    return aio_client.ApiClient(configuration)

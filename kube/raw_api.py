@@ -1,12 +1,11 @@
-"""Kubernetes API calls with plain JSON bodies, over a ``kubernetes.aio`` ApiClient.
+"""Kubernetes API calls with plain JSON bodies, over our own :class:`ApiSession`.
 
 Objects travel as dicts both ways. Client-37 models are strict pydantic models that drop
 fields they do not know, so a slice read through them and written back would lose whatever a
-newer apiserver added; the typed ``create_*``/``replace_*`` methods would also convert our
-dicts into those models on the way out. The ApiClient still supplies the configuration,
-authentication and the aiohttp session. Every call is counted in ``API_CALLS`` and every
-failure, HTTP or not, is an ``ApiCallError`` of the class ``gpudra.kube.errors`` gives its
-status (``NotFound``, ``Conflict``, ...).
+newer apiserver added; so no ``kubernetes`` client here at all: the session
+(:mod:`gpudra.kube.session`) supplies the connection and authentication. Every call is
+counted in ``API_CALLS`` and every failure, HTTP or not, is an ``ApiCallError`` of the
+class ``gpudra.kube.errors`` gives its status (``NotFound``, ``Conflict``, ...).
 """
 
 from __future__ import annotations
@@ -20,11 +19,11 @@ from typing import Final
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes.aio import client
 
 from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
 from gpudra.kube.metrics import API_CALLS
 from gpudra.kube.objects import Obj
+from gpudra.kube.session import ApiSession
 
 
 @dataclass(frozen=True)
@@ -53,6 +52,10 @@ class Resource:
 NODES: Final = Resource("nodes", "/api/v1")
 RESOURCE_SLICES: Final = Resource("resourceslices", "/apis/resource.k8s.io/v1")
 RESOURCE_CLAIMS: Final = Resource("resourceclaims", "/apis/resource.k8s.io/v1", namespaced=True)
+EVENTS: Final = Resource("events", "/apis/events.k8s.io/v1", namespaced=True)
+
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+"""Server-side apply; JSON is YAML, so the body stays JSON."""
 
 
 def _target(name: str | None, namespace: str | None) -> str | None:
@@ -106,25 +109,23 @@ class RawApi:
 
     Each call is counted once in ``API_CALLS``, with how it ended."""
 
-    def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._client = api_client
+    def __init__(self, session: ApiSession, *, timeout: float = 10.0) -> None:
+        self._session = session
         self.timeout = timeout
 
     async def _open(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
                     body: Obj | None = None, client_timeout: aiohttp.ClientTimeout,
-                    ) -> aiohttp.ClientResponse:
+                    content_type: str = "application/json") -> aiohttp.ClientResponse:
         """Send one request; return the response once its status is a success. Transport
         failures pass through for the caller, who knows the deadline they belong to."""
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
-        params = await self._client.param_serialize(
-            method=method, resource_path=path, query_params=list(query),
-            header_params=headers, body=body, auth_settings=["BearerToken"])
-        answer = await self._client.call_api(
-            *params, _request_timeout=client_timeout, _preload_content=False)
-        response: aiohttp.ClientResponse = answer.response
+            headers["Content-Type"] = content_type
+        response = await self._session.request(
+            method, path, query=query, headers=headers,
+            body=None if body is None else json.dumps(body).encode(),
+            client_timeout=client_timeout)
         if response.status >= 300:
             try:
                 data = await response.read()
@@ -141,13 +142,14 @@ class RawApi:
 
     async def _call(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
-                    body: Obj | None = None) -> Obj:
+                    body: Obj | None = None, content_type: str = "application/json") -> Obj:
         with _no_answer(verb, resource, name, self.timeout):
             # One deadline for headers and body: a stalled body must not hang the call.
             async with asyncio.timeout(self.timeout):
                 response = await self._open(
                     verb, resource, name, method, path, query=query, body=body,
-                    client_timeout=aiohttp.ClientTimeout(total=self.timeout))
+                    client_timeout=aiohttp.ClientTimeout(total=self.timeout),
+                    content_type=content_type)
                 try:
                     data = await response.read()
                 finally:
@@ -186,6 +188,16 @@ class RawApi:
                       namespace: str | None = None) -> Obj:
         return await self._call("update", resource, _target(name, namespace), "PUT",
                                 resource.item(name, namespace), body=body)
+
+    async def apply(self, resource: Resource, name: str, body: Obj, *, field_manager: str,
+                    namespace: str | None = None, subresource: str = "",
+                    force: bool = False) -> Obj:
+        """Server-side apply of ``body`` as ``field_manager`` (to ``subresource``, e.g.
+        ``status``); ``force`` takes over fields another manager owns."""
+        path = resource.item(name, namespace) + (f"/{subresource}" if subresource else "")
+        query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
+        return await self._call("patch", resource, _target(name, namespace), "PATCH", path,
+                                query=query, body=body, content_type=APPLY_PATCH)
 
     async def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
                      preconditions: Mapping[str, str] | None = None) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from gpudra.api.claims import claim_ref
+from gpudra.api.quantity import QuantityError, parse_quantity
 from gpudra.driver.claims import AllocatedDevice, ClaimError, ClaimToPrepare, OpaqueConfig
 
 
@@ -39,14 +41,56 @@ def decode_claim(
             pool=result["pool"],
             device=result["device"],
             admin_access=bool(result.get("adminAccess")),
-            share_id=result.get("shareID"),
+            share_id=_share_id(ref, i, result.get("shareID")),
+            consumed=_consumed(ref, i, result.get("consumedCapacity")),
         ))
     if not mine:
         raise ClaimError(f"claim {ref}: no devices allocated for driver {driver} "
                          "(status.allocation.devices.results)")
     configs = _configs(ref, devices_part.get("config") or [], driver)
+    pods = tuple(entry["name"] for entry in (raw.get("status") or {}).get("reservedFor") or []
+                 if isinstance(entry, dict) and entry.get("resource") == "pods"
+                 and isinstance(entry.get("name"), str))
     return ClaimToPrepare(uid=uid, namespace=namespace, name=name, devices=tuple(mine),
-                          configs=configs)
+                          configs=configs, pods=pods)
+
+
+# What the apiserver accepts for a shareID: a lower-case RFC 4122 UUID of 36 characters.
+_SHARE_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _share_id(ref: str, i: int, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SHARE_ID_RE.fullmatch(value):
+        raise ClaimError(f"claim {ref}: status.allocation.devices.results[{i}].shareID "
+                         f"{value!r} is not a lower-case UUID")
+    return value
+
+
+def _consumed(ref: str, i: int, value: object) -> tuple[tuple[str, int], ...]:
+    """``consumedCapacity`` as whole amounts (bytes, multiprocessors, shares), strictly."""
+    if value is None:
+        return ()
+    where = f"status.allocation.devices.results[{i}].consumedCapacity"
+    if not isinstance(value, Mapping):
+        raise ClaimError(f"claim {ref}: {where} must be a map of quantities, got "
+                         f"{type(value).__name__}")
+    amounts = []
+    for name, raw in value.items():
+        if not isinstance(name, str) or not name:
+            raise ClaimError(f"claim {ref}: {where} has an empty capacity name")
+        try:
+            if not isinstance(raw, str | int) or isinstance(raw, bool):
+                raise QuantityError(f"expected a quantity string, got {raw!r}")
+            amount = parse_quantity(raw)
+        except QuantityError as exc:
+            raise ClaimError(f"claim {ref}: {where}.{name}: {exc}") from exc
+        if amount < 0 or amount.denominator != 1:
+            raise ClaimError(f"claim {ref}: {where}.{name}: {raw!r} is not a whole, "
+                             "non-negative amount")
+        amounts.append((name, int(amount)))
+    return tuple(sorted(amounts))
 
 
 def _configs(ref: str, entries: list[Any], driver: str) -> tuple[OpaqueConfig, ...]:

@@ -12,12 +12,11 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes.aio import client
-
 from gpudra.api.claims import claim_ref
 from gpudra.driver.claims import ClaimError
 from gpudra.kube.errors import ApiCallError, BadAnswer, NotFound, Unreachable
 from gpudra.kube.raw_api import RESOURCE_CLAIMS, RawApi
+from gpudra.kube.session import ApiSession
 
 
 class ClaimFetchError(ClaimError):
@@ -25,8 +24,8 @@ class ClaimFetchError(ClaimError):
 
 
 class ClaimFetcher:
-    def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._api = RawApi(api_client, timeout=timeout)
+    def __init__(self, session: ApiSession, *, timeout: float = 10.0) -> None:
+        self._api = RawApi(session, timeout=timeout)
 
     async def fetch(self, namespace: str, name: str, uid: str) -> Mapping[str, Any]:
         try:

@@ -2,7 +2,7 @@
 
 Start order: what can be checked without side effects (the API-server configuration, the
 HTTP port) → HTTP probes (``/readyz`` says which step start-up is at) → NVML → checkpoint
-and start-up reconciliation → inventory → gRPC sockets → Kubernetes client → publishing,
+and start-up reconciliation → inventory → gRPC sockets → API client → publishing,
 once the kubelet has confirmed our registration (:mod:`.publish_gate`). Stop (``stop`` set,
 e.g. by SIGTERM): stop accepting calls, let in-flight ones finish, remove our sockets, stop
 publishing, return. The publisher is a supervised root task: restarted with back-off when
@@ -16,7 +16,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -24,7 +24,9 @@ from gpudra.api.claims import ClaimRef
 from gpudra.driver.checkpoint_codec import CheckpointError
 from gpudra.driver.health_monitor import HealthMonitor
 from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
-from gpudra.kubeletplugin.api_access import ApiAccessError, check_api_access, load_api_client
+from gpudra.driver.usage import IdleTracker
+from gpudra.driver.usage_sampler import ClaimPods, UsageSampler
+from gpudra.kubeletplugin.api_access import ApiAccessError, api_session, check_api_access
 from gpudra.kubeletplugin.grpc_probe import answers_get_info
 from gpudra.kubeletplugin.health_service import HealthService
 from gpudra.kubeletplugin.http_probes import ProbeServer
@@ -40,7 +42,19 @@ from gpudra.kubeletplugin.publish_gate import PublishGate
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.kubeletplugin.supervisor import RootTaskFailed, Supervisor
 
+if TYPE_CHECKING:  # the API client's modules load after registration (_import_client_modules)
+    from gpudra.driver.checkpoint_model import ClaimRecord
+    from gpudra.driver.device_state import DeviceState
+    from gpudra.driver.usage import IdleTransition
+    from gpudra.kubeletplugin.claim_status import ClaimStatusWriter
+    from gpudra.kubeletplugin.events import IdleEvents
+
 log = structlog.get_logger("gpudra.node")
+
+MONITOR_STOP_WAIT = 0.02
+"""Seconds shutdown waits for the XID watcher thread before leaving NVML open."""
+USAGE_STOP_WAIT = 2.0
+"""Seconds shutdown waits for a usage sampling pass in progress."""
 
 
 class DaemonError(Exception):
@@ -96,7 +110,11 @@ class _Runtime:
     monitor: HealthMonitor | None = None
     probes: ProbeServer | None = None
     gate: PublishGate | None = None
-    publisher: Any = None  # SlicePublisher, imported with the Kubernetes client
+    publisher: Any = None  # SlicePublisher, imported with the API client
+    usage: UsageSampler | None = None
+    """Per-claim usage sampling and the idle tracker (None: ``--usage-interval 0``)."""
+    on_idle: Callable[[IdleTransition], None] | None = None
+    """The idle tracker's listener: claim ``Idle`` conditions and idle Events."""
 
     def not_live(self) -> list[str]:
         """``/healthz``: the registration socket answers ``GetInfo`` (the loop is not stuck)."""
@@ -126,18 +144,27 @@ class _Runtime:
         await self.supervisor.stop()
         if self.probes is not None:
             self.probes.stop()
+        if self.usage is not None:  # before NVML shuts down under it; a pass takes ms
+            await _in_daemon_thread(self.usage.stop, USAGE_STOP_WAIT)
+        watcher_stopped = True
         if self.monitor is not None:
-            await asyncio.to_thread(self.monitor.stop)
+            # The XID watcher notices within one NVML wait slice (250 ms); the daemon need
+            # not wait that long to exit, only to shut NVML down under the watcher.
+            stopping = asyncio.ensure_future(_in_daemon_thread(self.monitor.stop))
+            done, _ = await asyncio.wait({stopping}, timeout=MONITOR_STOP_WAIT)
+            watcher_stopped = bool(done)
         if self.api is not None:
             await self.api.close()
-        if self.nvml is not None:
+        if self.nvml is not None and watcher_stopped:
             self.nvml.shutdown()
+        # else: the watcher may be inside nvmlEventSetWait, where nvmlShutdown is not safe;
+        # the process is ending, and the kernel releases what NVML holds.
 
 
 async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     # What can fail without side effects fails first, before the kubelet ever sees us.
     try:
-        check_api_access(config.kubeconfig)
+        connection = check_api_access(config.kubeconfig)
     except ApiAccessError as exc:
         raise DaemonError(str(exc)) from exc
     if config.http_address is not None:
@@ -161,8 +188,8 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     if config.gates.enabled("DeviceHealthCheck"):
         health = HealthService(config.node_name, lambda: (
             monitor.device_health(state.index.devices) if monitor is not None else ()))
-    # Register once the node state is ready; calls that arrive while the Kubernetes client
-    # (the heaviest import, not needed to register) loads wait for it in _StartingPreparer.
+    # Register once the node state is ready; calls that arrive while the API client
+    # (not needed to register) loads wait for it in _StartingPreparer.
     starting = _StartingPreparer()
     runtime.step = "serving the kubelet sockets"
     runtime.server = server = PluginServer(config.driver_name, config.registrar_dir,
@@ -171,24 +198,35 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     await server.start()
     runtime.gate = gate = PublishGate(server.registration, config.registration_timeout,
                                       server.registration_socket_path)
-    runtime.step = "loading the Kubernetes client"
+    runtime.step = "loading the API client"
     # Imported off the loop, which meanwhile answers the kubelet's registration calls.
     await _in_daemon_thread(_import_client_modules)
     from gpudra.controller.publisher import SlicePublisher
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+    from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
 
-    try:
-        runtime.api = api = await load_api_client(config.kubeconfig)
-    except ApiAccessError as exc:
-        raise DaemonError(str(exc)) from exc
-    starting.ready(Preparer(driver=config.driver_name, fetcher=ClaimFetcher(api), state=state))
+    runtime.api = api = api_session(connection)
+    pods = ClaimPods()  # who each claim is reserved for, as prepare saw it: usage labels
+    status, idle_events = _claim_observers(config, api, state)
+    runtime.on_idle = idle_listener(asyncio.get_running_loop(), status.idle_changed,
+                                    idle_events.idle_changed)
+    starting.ready(Preparer(driver=config.driver_name, fetcher=ClaimFetcher(api), state=state,
+                            observer=Observers(status, idle_events, pods)))
+    if config.usage_interval > 0:
+        runtime.usage = UsageSampler(
+            nvml=nvml, state=state, pods=pods, interval=config.usage_interval,
+            tracker=IdleTracker(config.idle_threshold, config.idle_after,
+                                listeners=[] if runtime.on_idle is None else [runtime.on_idle]))
+        runtime.usage.start()
     publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name)
     if health is not None:
         loop = asyncio.get_running_loop()
 
         def refresh() -> None:
             assert monitor is not None and health is not None
-            publisher.update(monitor.apply(state.index.devices))
+            devices = monitor.apply(state.index.devices)
+            publisher.update(devices)
+            status.health_changed(unhealthy_devices(devices))
             health.notify()
 
         def changed() -> None:  # called from the watcher thread
@@ -198,8 +236,7 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
         runtime.monitor = monitor = HealthMonitor(nvml, watched_gpus(state), config.health,
                                                   on_change=changed)
         monitor.start()
-        publisher.update(monitor.apply(state.index.devices))
-        health.notify()
+        refresh()
     else:
         publisher.update(state.index.devices)
     runtime.publisher = publisher
@@ -209,17 +246,34 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
         await publisher.run()
 
     runtime.supervisor.start("publisher", publish)
+    runtime.supervisor.start("claim status", status.run)
+    runtime.supervisor.start("idle events", idle_events.run)
     runtime.step = None
     log.info("node daemon running", node=config.node_name, driver=config.driver_name,
              devices=len(state.index.devices.devices), simulate=config.simulate)
 
 
-def _import_client_modules() -> None:
-    """The Kubernetes client and what uses it: the heaviest imports of the daemon."""
-    from kubernetes.aio import client, config  # noqa: F401
+def _claim_observers(config: NodeConfig, api: Any, state: DeviceState,
+                     ) -> tuple[ClaimStatusWriter, IdleEvents]:
+    """Claim device status and idle Events: told by the preparer, written in the background."""
+    from gpudra.kube.raw_api import RawApi
+    from gpudra.kubeletplugin.claim_status import ClaimStatusWriter
+    from gpudra.kubeletplugin.events import IdleEvents
 
+    def records() -> Mapping[str, ClaimRecord]:
+        return state.store.load().claims  # the checkpoint as it is now
+
+    raw = RawApi(api)
+    status = ClaimStatusWriter(raw, driver=config.driver_name, records=records,
+                               watch_health=config.gates.enabled("DeviceHealthCheck"))
+    return status, IdleEvents(raw, driver=config.driver_name, node=config.node_name)
+
+
+def _import_client_modules() -> None:
+    """The API client (aiohttp) and what uses it: not needed to register."""
     import gpudra.controller.publisher
-    import gpudra.kubeletplugin.claim_fetcher  # noqa: F401
+    import gpudra.kubeletplugin.claim_fetcher
+    import gpudra.kubeletplugin.claim_status  # noqa: F401
 
 
 def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
@@ -234,9 +288,9 @@ def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
 class _StartingPreparer:
     """Calls that arrive between registration and the API client being ready wait here.
 
-    The sockets come up as soon as the node's devices are known; importing and configuring
-    the Kubernetes client (the heaviest import, not needed to register) happens after, and
-    takes well under a second, far inside the kubelet's 45 s call deadline.
+    The sockets come up as soon as the node's devices are known; importing the API
+    client (aiohttp, the publisher; not needed to register) happens after, and takes well
+    under a second, far inside the kubelet's 45 s call deadline.
     """
 
     def __init__(self) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudra.driver.featuregates import FeatureGates
+from gpudra.driver.gpu_shares import NONE, ShareableGpus
 from gpudra.driver.health import HealthPolicy
 from gpudra.kubeletplugin.sockets import plugin_data_dir
 from gpudra.kubeletplugin.supervisor import RestartPolicy
@@ -39,6 +40,8 @@ class NodeConfig:
     node_name: str
     driver_name: str = DEFAULT_DRIVER
     gates: FeatureGates = field(default_factory=lambda: FeatureGates({}))
+    shareable: ShareableGpus = NONE
+    """``--shareable-gpus``: GPUs that also publish a shared device (gate ConsumableCapacity)."""
     health: HealthPolicy = field(default_factory=HealthPolicy)
     """From ``--additional-xids-to-ignore`` and ``--xid-quiet-period``."""
     kubeconfig: str | None = None
@@ -67,6 +70,12 @@ class NodeConfig:
     """Seconds to wait for the kubelet's registration before saying (log, ``/readyz``) that
     it has not come; slices are published only after it, however long that takes."""
     shutdown_grace: float = 10.0
+    usage_interval: float = 10.0
+    """Seconds between usage sampling passes (per-claim metrics, idle detection); 0: off."""
+    idle_threshold: float = 5.0
+    """SM % under which a device counts as idle."""
+    idle_after: float = 30 * 60.0
+    """Seconds all of a claim's devices must stay under ``idle_threshold`` to make it idle."""
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     """How dead root tasks (the slice publisher) are restarted; not a flag."""
 

@@ -68,7 +68,7 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
             populate_driver_root(paths.driver_root, _minors(inventory), layout="host",
                                  devices=False)
     store = open_checkpoint(paths.data_dir)
-    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"))
+    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), shareable=config.shareable)
     commands: CommandRunner
     if paths.sim_state is not None:
         commands = SimulatedCommandRunner(paths.sim_state)
@@ -94,7 +94,8 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
     # Re-read: reconciliation may have destroyed leaked MIG devices; our own stay dynamic.
     inventory = read_inventory(nvml, pcie_root=resolver)
     state.model_options = ModelOptions(dynamic_mig=options.dynamic_mig,
-                                       owned_mig_uuids=state.owned_mig_uuids())
+                                       owned_mig_uuids=state.owned_mig_uuids(),
+                                       shareable=options.shareable)
     state.index = NodeIndex.build(config.node_name, inventory, state.model_options)
     state.inventory = inventory
     _warn_unavailable(inventory, report.unavailable_gpus, state)
@@ -169,7 +170,7 @@ def watched_gpus(state: DeviceState) -> list[str]:
     those that do not answer yet."""
     uuids = set()
     for device in state.index.devices.devices:
-        key = "uuid" if device.type == "gpu" else "parentUUID"
+        key = "uuid" if device.type in ("gpu", "gpu-share") else "parentUUID"
         uuids.add(str(device.attributes[key]))
     if state.inventory is not None:
         uuids.update(g.uuid for g in state.inventory.unavailable if g.uuid is not None)

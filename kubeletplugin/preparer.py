@@ -2,8 +2,9 @@
 
 API calls happen before any lock and concurrently for all claims of a call; the device
 work itself runs in a worker thread (NVML and file I/O block) under the driver's own
-serialisation. A claim the checkpoint already holds as prepared is answered from the
-checkpoint without asking the API server, so a kubelet restart during an API outage works.
+serialisation, one thread hop per call. A claim the checkpoint already holds as prepared is
+answered from the checkpoint without asking the API server, so a kubelet restart during an
+API outage works. One log line per call; a failed claim adds its own warning.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from gpudra.api.claims import ClaimRef
+from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
@@ -28,13 +29,25 @@ if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon ne
 log = structlog.get_logger(__name__)
 
 
+class PrepareObserver(Protocol):
+    """Told about each claim after its prepare or unprepare succeeded (claim status,
+    events); must only queue work, never block or raise."""
+
+    def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice],
+                 claim: ClaimToPrepare | None) -> None: ...
+
+    def unprepared(self, ref: ClaimRef) -> None: ...
+
+
 class Preparer:
     """Implements :class:`gpudra.kubeletplugin.interfaces.ClaimPreparer`."""
 
-    def __init__(self, *, driver: str, fetcher: ClaimFetcher, state: DeviceState) -> None:
+    def __init__(self, *, driver: str, fetcher: ClaimFetcher, state: DeviceState,
+                 observer: PrepareObserver | None = None) -> None:
         self._driver = driver
         self._fetcher = fetcher
         self._state = state
+        self._observer = observer
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
@@ -42,6 +55,10 @@ class Preparer:
         known = self._state.prepared_many(ref.uid for ref in claims)
         for uid, prepared in known.items():
             outcomes[uid] = PrepareOutcome(devices=prepared)
+        if self._observer is not None:
+            for ref in claims:
+                if ref.uid in known:
+                    self._observer.prepared(ref, known[ref.uid], None)
         to_fetch = [ref for ref in claims if ref.uid not in known]
         fetched = await self._fetcher.fetch_all([(r.namespace, r.name, r.uid) for r in to_fetch])
         decoded: list[tuple[ClaimRef, ClaimToPrepare]] = []
@@ -58,14 +75,19 @@ class Preparer:
         started = time.perf_counter()
         results = await asyncio.to_thread(self._state.prepare_many, [c for _, c in decoded])
         each = (time.perf_counter() - started) / len(decoded)
+        done: dict[str, list[str]] = {}
         for ref, claim in decoded:
             result = results[claim.uid]
             if isinstance(result, ClaimError):
                 outcomes[ref.uid] = self._failed(ref, result)
                 continue
             metrics.PREPARE_SECONDS.observe(each)
-            log.info("prepared", claim=str(ref), devices=[d.device for d in result])
+            done[str(ref)] = [d.device for d in result]
             outcomes[ref.uid] = PrepareOutcome(devices=result)
+            if self._observer is not None:
+                self._observer.prepared(ref, result, claim)
+        if done:
+            log.info("prepared", claims=done)
         return outcomes
 
     @staticmethod
@@ -75,18 +97,25 @@ class Preparer:
         return PrepareOutcome(error=str(exc))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        if not claims:
+            return {}
+        started = time.perf_counter()
+        results = await asyncio.to_thread(self._state.unprepare_many, [r.uid for r in claims])
+        each = (time.perf_counter() - started) / len(claims)
         errors: dict[str, str | None] = {}
+        done = []
         for ref in claims:
-            claim_log = log.bind(claim=str(ref))
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(self._state.unprepare, ref.uid)
-            except ClaimError as exc:
-                claim_log.warning("unprepare failed", error=str(exc))
-                metrics.UNPREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
-                errors[ref.uid] = str(exc)
-            else:
-                metrics.UNPREPARE_SECONDS.observe(time.perf_counter() - started)
-                claim_log.info("unprepared")
-                errors[ref.uid] = None
+            error = results[ref.uid]
+            if error is not None:
+                log.warning("unprepare failed", claim=str(ref), error=str(error))
+                metrics.UNPREPARE_ERRORS.labels(metrics.error_reason(str(error))).inc()
+                errors[ref.uid] = str(error)
+                continue
+            metrics.UNPREPARE_SECONDS.observe(each)
+            done.append(str(ref))
+            errors[ref.uid] = None
+            if self._observer is not None:
+                self._observer.unprepared(ref)
+        if done:
+            log.info("unprepared", claims=done)
         return errors

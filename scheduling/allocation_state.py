@@ -9,25 +9,51 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gpudra.scheduling.capacity import add, parse_amount
 from gpudra.scheduling.pools import Amount, CounterKey, DeviceEntry, DeviceId, PoolIndex
 
 
-def allocated_devices(allocations: Iterable[Mapping[str, Any]]) -> set[DeviceId]:
-    """Devices in use by existing ``status.allocation`` results (admin access does not count).
-
-    Accepts allocation results or whole ResourceClaims (their ``status.allocation``).
-    """
-    used: set[DeviceId] = set()
+def _allocation_results(allocations: Iterable[Mapping[str, Any]]
+                        ) -> Iterable[Mapping[str, Any]]:
     for item in allocations:
         allocation = item if "devices" in item else (item.get("status") or {}).get("allocation")
         if not isinstance(allocation, Mapping):
             continue
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("adminAccess"):
-                continue
-            used.add((str(result.get("driver")), str(result.get("pool")),
-                      str(result.get("device"))))
-    return used
+        yield from (allocation.get("devices") or {}).get("results") or []
+
+
+def _result_id(result: Mapping[str, Any]) -> DeviceId:
+    return (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+
+
+def allocated_devices(allocations: Iterable[Mapping[str, Any]]) -> set[DeviceId]:
+    """Devices in exclusive use by existing ``status.allocation`` results (admin access and
+    shares of multi-allocatable devices do not make a device busy).
+
+    Accepts allocation results or whole ResourceClaims (their ``status.allocation``).
+    """
+    return {_result_id(r) for r in _allocation_results(allocations)
+            if not r.get("adminAccess") and not r.get("shareID")}
+
+
+def shared_consumption(allocations: Iterable[Mapping[str, Any]]
+                       ) -> dict[DeviceId, dict[str, Amount]]:
+    """Per multi-allocatable device with existing shares: the summed ``consumedCapacity``
+    (``AggregatedCapacity``); a device with shares is listed even if they consume nothing."""
+    shared: dict[DeviceId, dict[str, Amount]] = {}
+    for result in _allocation_results(allocations):
+        if not result.get("shareID"):
+            continue
+        total = shared.setdefault(_result_id(result), {})
+        for name, raw in (result.get("consumedCapacity") or {}).items():
+            value = parse_amount(raw)
+            if value is not None:
+                add(total, {str(name): value})
+    return shared
+
+
+def share_ids(allocations: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {str(r["shareID"]) for r in _allocation_results(allocations) if r.get("shareID")}
 
 
 def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:

@@ -91,7 +91,7 @@ def _why(outcomes: Iterable[DeviceOutcome]) -> str:
     return f" ({reasons})" if reasons else ""
 
 
-SEARCH_CONFLICTS = frozenset({"counters", "constraint", "in-claim"})
+SEARCH_CONFLICTS = frozenset({"counters", "constraint", "in-claim", "capacity-search"})
 """Rejections of usable devices: only the devices the search picked for other slots clash."""
 
 

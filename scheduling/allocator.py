@@ -14,6 +14,7 @@ of checks can be read next to the scheduler's.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from gpudra.scheduling.allocation_state import (
     Constraint,
     CounterLedger,
     allocated_devices,
+    shared_consumption,
     untolerated_taint,
 )
 from gpudra.scheduling.allocation_trace import (
@@ -34,6 +36,8 @@ from gpudra.scheduling.allocation_trace import (
     RequestTrace,
     shortfall,
 )
+from gpudra.scheduling.capacity import Amount, add, render
+from gpudra.scheduling.capacity import check as check_capacity
 from gpudra.scheduling.cel import CelCompileError, Selector, compile_selector
 from gpudra.scheduling.claim_requests import Request, RequestGroup, claim_label, request_groups
 from gpudra.scheduling.pools import DeviceEntry, DeviceId, NodePools, PoolIndex, node_matches
@@ -78,6 +82,8 @@ class _Claim:
                             enumerate(devices.get("constraints") or [])]
         self.configs: Sequence[Mapping[str, Any]] = devices.get("config") or []
         self.results: list[tuple[Request, DeviceEntry]] = []
+        self.consumed: list[dict[str, Amount] | None] = []
+        """Per result: what a share of a multi-allocatable device consumes (else None)."""
         self.selected: dict[int, int] = {}
 
     def chosen_requests(self) -> list[Request]:
@@ -99,7 +105,9 @@ class Allocator:
         device_classes: Iterable[Mapping[str, Any]],
         allocations: Iterable[Mapping[str, Any]] = (),
     ) -> None:
-        self.index = PoolIndex(slices, allocated_devices(allocations))
+        allocations = list(allocations)
+        self.index = PoolIndex(slices, allocated_devices(allocations),
+                               shared_consumption(allocations))
         self.classes = {str((c.get("metadata") or {}).get("name", "")): c
                         for c in device_classes}
 
@@ -143,6 +151,10 @@ class _Run:
         self.traces: dict[Key, RequestTrace] = {}
         self.dynamic: dict[Key, dict[DeviceId, _Verdict]] = {}
         self.allocating: dict[DeviceId, set[int]] = {}
+        self.sharing: dict[DeviceId, int] = {}
+        """Shares of multi-allocatable devices the search has picked, per device."""
+        self.consuming: dict[DeviceId, dict[str, Amount]] = {}
+        """What those shares consume (``allocatingCapacity``)."""
         self.ledger = CounterLedger(self.index)
         self.too_many = False
 
@@ -243,12 +255,36 @@ class _Run:
     # --- the search (allocateOne / allocateDevice) ----------------------------------------
 
     def _in_use(self, ci: int, request: Request, entry: DeviceEntry) -> _Verdict | None:
+        if entry.multi and not request.admin_access:
+            # Shares never make a multi-allocatable device busy; capacity decides.
+            return _ALLOCATED if entry.id in self.index.allocated else None
         users = self.allocating.get(entry.id)
         if request.admin_access:
             return _IN_CLAIM if users and ci in users else None
         if entry.id in self.index.allocated:
             return _ALLOCATED
         return _IN_CLAIM if users else None
+
+    def _capacity(self, key: Key, request: Request, entry: DeviceEntry
+                  ) -> tuple[bool, dict[str, Amount] | None]:
+        """``CmpRequestOverCapacity``: (fits, what a share consumes)."""
+        if not request.capacity and not entry.multi:
+            return True, None  # nothing asked of an exclusive device: always fits
+        fit = check_capacity(entry.name, entry.pool.driver, entry.capacities,
+                             requested=request.capacity,
+                             allocated=self.index.shared.get(entry.id, {}),
+                             allocating=self.consuming.get(entry.id, {}))
+        if not fit.fits:
+            code = "capacity" if fit.held else "capacity-search"
+            self.dynamic[key][entry.id] = _Verdict(code, fit.reason)
+            return False, None
+        return True, (fit.consumed if entry.multi else None)
+
+    def _holds_counters(self, entry: DeviceEntry) -> bool:
+        """Whether taking the device takes its counters: always for exclusive devices, for a
+        multi-allocatable one only with its first share (counted once, see gpu_shares)."""
+        return not entry.multi or (entry.id not in self.index.shared
+                                   and not self.sharing.get(entry.id))
 
     def _take(self, key: Key, request: Request, entry: DeviceEntry, must: bool) -> bool:
         ci = key[0]
@@ -257,7 +293,11 @@ class _Run:
         if busy is not None:
             self.dynamic[key][entry.id] = busy
             return False
-        shortage = self.ledger.take(entry)
+        fits, consumed = self._capacity(key, request, entry)
+        if not fits:
+            return False
+        counted = self._holds_counters(entry)
+        shortage = self.ledger.take(entry) if counted else None
         if shortage is not None:
             # Counters held by existing allocations make the device unavailable, like the
             # device itself being allocated; the search's own picks only make it a conflict.
@@ -266,7 +306,8 @@ class _Run:
             return False
         static = self.verdicts[key][self.positions[entry.id]]
         if static.code == "taint":
-            self.ledger.give_back(entry)
+            if counted:
+                self.ledger.give_back(entry)
             self.dynamic[key][entry.id] = static
             return False
         added: list[Constraint] = []
@@ -279,7 +320,8 @@ class _Run:
                 continue
             for done in added:
                 done.remove(entry)
-            self.ledger.give_back(entry)
+            if counted:
+                self.ledger.give_back(entry)
             if must:
                 raise AllocationError(
                     f"claim {claim.label}, request {request.name}: cannot add device "
@@ -287,8 +329,13 @@ class _Run:
                         *entry.id))
             self.dynamic[key][entry.id] = _Verdict("constraint", rejected)
             return False
-        self.allocating.setdefault(entry.id, set()).add(ci)
+        if consumed is not None:
+            self.sharing[entry.id] = self.sharing.get(entry.id, 0) + 1
+            add(self.consuming.setdefault(entry.id, {}), consumed)
+        else:
+            self.allocating.setdefault(entry.id, set()).add(ci)
         claim.results.append((request, entry))
+        claim.consumed.append(consumed)
         return True
 
     def _give_back(self, ci: int, request: Request, entry: DeviceEntry) -> None:
@@ -296,12 +343,21 @@ class _Run:
         for constraint in claim.constraints:
             if constraint.applies(request.base, request.name):
                 constraint.remove(entry)
+        claim.results.pop()
+        consumed = claim.consumed.pop()
+        if consumed is not None:
+            self.sharing[entry.id] -= 1
+            add(self.consuming[entry.id], consumed, -1)
+            if self.sharing[entry.id] == 0:
+                del self.sharing[entry.id]
+                if entry.id not in self.index.shared:  # the first share took the counters
+                    self.ledger.give_back(entry)
+            return
         self.ledger.give_back(entry)
         users = self.allocating[entry.id]
         users.discard(ci)
         if not users:
             del self.allocating[entry.id]
-        claim.results.pop()
 
     def _one(self, key: Key, di: int, start: int, in_sub: bool) -> bool:
         """Find a device for slot ``di`` of (sub)request ``key``, then the rest; True when done."""
@@ -406,13 +462,18 @@ class _Run:
 
     def _result(self, claim: _Claim) -> dict[str, Any]:
         results = []
-        for request, entry in claim.results:
+        for (request, entry), consumed in zip(claim.results, claim.consumed, strict=True):
             item: dict[str, Any] = {"request": request.name, "driver": entry.id[0],
                                     "pool": entry.id[1], "device": entry.id[2]}
             if request.admin_access:
                 item["adminAccess"] = True
             if request.tolerations:
                 item["tolerations"] = [dict(t) for t in request.tolerations]
+            if consumed is not None:
+                # A fresh lower-case RFC 4122 UUID per share, as GenerateShareID.
+                item["shareID"] = str(uuid.uuid4())
+                item["consumedCapacity"] = {name: render(consumed[name])
+                                            for name in sorted(consumed)}
             results.append(item)
         return {
             "devices": {"results": results, "config": self._configs(claim)},

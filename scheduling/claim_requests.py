@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from gpudra.scheduling.capacity import Amount, request_amounts
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class Request:
     count: int
     admin_access: bool
     tolerations: tuple[Mapping[str, Any], ...]
+    capacity: Mapping[str, Amount] = field(default_factory=dict)
+    """``capacity.requests``, parsed: what one device must have left (KEP-5075)."""
 
     @property
     def wanted(self) -> str:
@@ -51,6 +55,7 @@ def _request(base: str, sub: str, spec: Mapping[str, Any], admin: bool) -> Reque
         count=int(spec.get("count") or 1) if mode != "All" else 0,
         admin_access=admin,
         tolerations=tuple(spec.get("tolerations") or ()),
+        capacity=request_amounts(spec.get("capacity")),
     )
 
 

@@ -29,14 +29,16 @@ SELECTOR_CODES = frozenset({"class-selector", "request-selector"})
 
 
 def default_device_classes(driver: str) -> list[dict[str, Any]]:
-    """The ``gpu.nvidia.com`` and ``mig.nvidia.com`` classes, for a driver of any name."""
+    """The ``gpu.nvidia.com``, ``mig.nvidia.com`` and ``gpu-share.nvidia.com`` classes, for a
+    driver of any name (the last selects the shared devices of ``gpudra.driver.gpu_shares``)."""
     return [
         {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
          "metadata": {"name": name},
          "spec": {"selectors": [{"cel": {"expression": (
              f"device.driver == '{driver}' && "
              f"device.attributes['{driver}'].type == '{kind}'")}}]}}
-        for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig"))
+        for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig"),
+                           ("gpu-share.nvidia.com", "gpu-share"))
     ]
 
 

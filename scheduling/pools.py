@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from gpudra.api.quantity import QuantityError, parse_quantity
+from gpudra.scheduling.capacity import Capacity, device_capacities
 from gpudra.scheduling.cel import DeviceView, device_view
 
 DeviceId = tuple[str, str, str]
@@ -44,7 +45,8 @@ def amount(encoded: Any) -> Amount:
 class DeviceEntry:
     """One published device in one pool, with what the allocator keeps asking about it."""
 
-    __slots__ = ("_consumes", "id", "per_device_node", "pool", "raw", "slice_name", "view")
+    __slots__ = ("_capacities", "_consumes", "id", "per_device_node", "pool", "raw",
+                 "slice_name", "view")
 
     def __init__(self, pool: Pool, slice_name: str, raw: Mapping[str, Any],
                  per_device_node: bool) -> None:
@@ -55,6 +57,7 @@ class DeviceEntry:
         self.id: DeviceId = (pool.driver, pool.name, str(raw.get("name", "")))
         self.view: DeviceView = device_view(pool.driver, raw)
         self._consumes: tuple[tuple[CounterKey, Amount], ...] | None = None
+        self._capacities: dict[str, Capacity] | None = None
 
     @property
     def name(self) -> str:
@@ -69,6 +72,17 @@ class DeviceEntry:
                 for use in self.raw.get("consumesCounters") or ()
                 for name, value in sorted((use.get("counters") or {}).items()))
         return self._consumes
+
+    @property
+    def multi(self) -> bool:
+        """``allowMultipleAllocations``: shares, not exclusive use (KEP-5075)."""
+        return self.raw.get("allowMultipleAllocations") is True
+
+    @property
+    def capacities(self) -> dict[str, Capacity]:
+        if self._capacities is None:
+            self._capacities = device_capacities(self.raw)
+        return self._capacities
 
     @property
     def taints(self) -> Sequence[Mapping[str, Any]]:
@@ -230,7 +244,8 @@ class PoolIndex:
     """All slices of the cluster grouped into pools, plus the devices already allocated."""
 
     def __init__(self, slices: Iterable[Mapping[str, Any]],
-                 allocated: Iterable[DeviceId] = ()) -> None:
+                 allocated: Iterable[DeviceId] = (),
+                 shared: Mapping[DeviceId, Mapping[str, Amount]] | None = None) -> None:
         grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
         generations: dict[tuple[str, str], int] = {}
         for obj in slices:
@@ -246,6 +261,8 @@ class PoolIndex:
                 grouped[key].append(obj)
         self.pools = [_build_pool(d, p, s) for (d, p), s in sorted(grouped.items())]
         self.allocated: frozenset[DeviceId] = frozenset(allocated)
+        self.shared: Mapping[DeviceId, Mapping[str, Amount]] = dict(shared or {})
+        """Multi-allocatable devices with existing shares, and what those consume."""
         self._by_node: dict[str, list[Pool]] = {}
         self._other: list[Pool] = []
         for pool in self.pools:
@@ -318,7 +335,10 @@ class PoolIndex:
                      for c, v in counters.items()}
             for obj in pool.slices:
                 for device in _spec(obj).get("devices") or []:
-                    if (pool.driver, pool.name, device.get("name")) not in self.allocated:
+                    # A device with shares holds its counters once, however many (KEP-5075,
+                    # IsDeviceAllocated); see gpudra.driver.gpu_shares.
+                    device_id = (pool.driver, pool.name, str(device.get("name")))
+                    if device_id not in self.allocated and device_id not in self.shared:
                         continue
                     for use in device.get("consumesCounters") or []:
                         for counter, value in (use.get("counters") or {}).items():

@@ -12,7 +12,8 @@ import importlib
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from fractions import Fraction
+from typing import Any, Final
 
 from gpudra.controller.api_limits import (
     DEVICE_CONFIG_MAX_SIZE,
@@ -29,7 +30,14 @@ from gpudra.controller.name_formats import (
     dns1123_subdomain_errors,
     label_key_errors,
 )
-from gpudra.scheduling.catalog import known_attributes, suggest
+from gpudra.driver.gpu_shares import (
+    MEMORY,
+    SHARE_CLASS,
+    SHARED_CAPACITIES,
+    SHARES,
+    SHARES_PER_GPU,
+)
+from gpudra.scheduling.catalog import is_known_capacity, known_attributes, suggest
 from gpudra.scheduling.cel.quantity import parse as parse_quantity
 from gpudra.scheduling.findings import Checker, Problem
 from gpudra.scheduling.selector_checks import check_selectors
@@ -180,10 +188,45 @@ def _exact(check: Checker, path: str, spec: Any, subrequest: bool) -> None:
     capacity = (spec.get("capacity") or {}).get("requests") if isinstance(
         spec.get("capacity"), Mapping) else None
     for name, value in (capacity or {}).items():
+        here = f"{path}.capacity.requests[{name}]"
         try:
-            parse_quantity(str(value))
+            amount = parse_quantity(str(value))
         except ValueError as exc:
-            check.error(f"{path}.capacity.requests[{name}]", f"Invalid value: {exc}")
+            check.error(here, f"Invalid value: {exc}")
+            continue
+        _capacity_request(check, here, str(spec.get("deviceClassName", "")), str(name),
+                          amount.value)
+
+
+GPU_CLASS: Final = "gpu.nvidia.com"
+MIG_CLASS: Final = "mig.nvidia.com"
+
+
+def _capacity_request(check: Checker, path: str, device_class: str, name: str,
+                      amount: Fraction) -> None:
+    """A ``capacity.requests`` entry against what the class's devices publish and the
+    shared devices' request policies (``gpudra.driver.gpu_shares``)."""
+    bare = name.removeprefix(f"{check.driver}/")
+    if device_class == SHARE_CLASS:
+        if bare not in SHARED_CAPACITIES:
+            check.later(path, f"Invalid value: {name!r}: shared GPUs publish no such capacity "
+                        f"(they publish {', '.join(SHARED_CAPACITIES)}); a device without it "
+                        "is never chosen")
+        elif amount < 1 or (bare != MEMORY and amount.denominator != 1):
+            check.later(path, f"Invalid value: {amount}: {bare} is requested in whole units of "
+                        "at least 1 (the policy rounds up, never down to 0)")
+        elif bare == SHARES and amount > SHARES_PER_GPU:
+            check.later(path, f"Invalid value: {amount}: a shared GPU has {SHARES_PER_GPU} "
+                        "shares")
+        return
+    if "/" not in name or name.startswith(f"{check.driver}/"):
+        if not is_known_capacity(bare):
+            check.warn(path, f"{name!r}: this driver publishes no such capacity; a device "
+                       "without it is never chosen")
+        elif device_class in (GPU_CLASS, MIG_CLASS):
+            check.warn(path, f"class {device_class} hands out whole devices: a capacity request "
+                       f"only picks one with at least that much {bare}; for a fraction of a GPU "
+                       f"use class {SHARE_CLASS}")
 
 
 def _requests(check: Checker, path: str, requests: Any) -> set[str]:

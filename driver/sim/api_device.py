@@ -7,9 +7,11 @@ Calls marked "MIG too" accept a MIG device handle as real NVML does.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .api_mig import fill_shared_engines
+from .api_usage import load_memory_bytes
 from .cabi import as_int, capacity, invalid, put, put_text, struct_version, target
 from .codes import (
     COMPUTEMODE_DEFAULT,
@@ -112,14 +114,18 @@ class DeviceApi(LibraryCore):
 
     @staticmethod
     def _memory(dev: Device) -> tuple[int, int]:
-        """(total, used) bytes; used = the simulated processes' memory."""
+        """(total, used) bytes; used = the simulated processes' and loads' memory."""
+        now = time.time()
         if dev.mig is None:
             total = dev.slot.model.memory_mib * _MIB
             procs = dev.gpu.processes
+            # A whole GPU's memory includes its MIG devices' loads.
+            loaded = sum(load.memory_bytes for load in dev.gpu.loads if load.active(now))
         else:
             total = dev.mig.gi_profile.memory_mib * _MIB
             procs = [p for p in dev.gpu.processes if p.mig_uuid == dev.mig.ci.uuid]
-        used = min(total, sum(p.used_memory_mib for p in procs) * _MIB)
+            loaded = load_memory_bytes(dev.gpu, dev.mig.ci.uuid, now)
+        used = min(total, sum(p.used_memory_mib for p in procs) * _MIB + loaded)
         return total, used
 
     @symbol

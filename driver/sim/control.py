@@ -15,13 +15,14 @@ number), which stay put when a board is missing.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from . import mig
 from .codes import MIG_ENABLE, NvmlFailure
 from .profiles import NodeProfile, gpu_uuid, node_profile
-from .state import GpuState, NodeState, ProcessState, StateStore, XidEvent
+from .state import GpuState, LoadState, NodeState, ProcessState, StateStore, XidEvent
 
 
 class SimControl:
@@ -67,6 +68,33 @@ class SimControl:
             gpu.processes = [p for p in gpu.processes if p.pid != pid]
             if len(gpu.processes) == before:
                 raise ValueError(f"process {pid} does not run on GPU {gpu_index}")
+
+    def set_load(self, gpu_index: int, *, mig_uuid: str | None = None, sm_percent: float = 0.0,
+                 memory_bytes: int = 0, duration: float | None = None) -> None:
+        """Simulated work on a GPU or MIG device (replacing any there) for ``duration`` s."""
+        if not 0 <= sm_percent <= 100:
+            raise ValueError(f"SM utilisation {sm_percent} is not within 0-100 %")
+        if memory_bytes < 0:
+            raise ValueError(f"memory {memory_bytes} is negative")
+        if duration is not None and duration <= 0:
+            raise ValueError(f"duration {duration} is not positive")
+        until = None if duration is None else time.time() + duration
+        with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index)
+            if mig_uuid is None and gpu.mig_current == MIG_ENABLE:
+                raise ValueError(f"GPU {gpu_index} is in MIG mode: load needs a MIG device")
+            if mig_uuid is not None and gpu.mig_device(mig_uuid) is None:
+                raise ValueError(f"GPU {gpu_index} has no MIG device {mig_uuid}")
+            now = time.time()
+            gpu.loads = [load for load in gpu.loads
+                         if load.mig_uuid != mig_uuid and load.active(now)]
+            gpu.loads.append(LoadState(mig_uuid, sm_percent, memory_bytes, until))
+
+    def clear_load(self, gpu_index: int, mig_uuid: str | None = None) -> None:
+        """Stop the simulated work on a GPU or MIG device."""
+        with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index)
+            gpu.loads = [load for load in gpu.loads if load.mig_uuid != mig_uuid]
 
     def raise_xid(self, gpu_index: int, xid: int, mig_uuid: str | None = None) -> None:
         """Deliver an XID critical error to every event set registered for the GPU."""
@@ -150,6 +178,11 @@ class SimControl:
                 "processes": [
                     {"pid": p.pid, "mig_uuid": p.mig_uuid, "used_memory_mib": p.used_memory_mib}
                     for p in gpu.processes
+                ],
+                "loads": [
+                    {"mig_uuid": load.mig_uuid, "sm_percent": load.sm_percent,
+                     "memory_bytes": load.memory_bytes, "until": load.until}
+                    for load in gpu.loads if load.active(time.time())
                 ],
             })
         return {

@@ -12,9 +12,10 @@ from .api_device import DeviceApi
 from .api_events import EventApi
 from .api_mig import MigApi
 from .api_system import SystemApi
+from .api_usage import UsageApi
 
 
-class SimulatedNvml(SystemApi, DeviceApi, MigApi, EventApi):
+class SimulatedNvml(SystemApi, DeviceApi, MigApi, EventApi, UsageApi):
     """NVML for one simulated node profile, with its state in a shared state directory."""
 
     def __repr__(self) -> str:

@@ -4,18 +4,76 @@ Writes ``<pipe>/nvidia-cuda-mps-control.pid`` and creates ``<pipe>/control`` (a 
 every command to ``<log>/control.log`` like the real daemon, writes ``<log>/startup.log`` when
 ready, and exits on ``quit`` or SIGTERM. Killed with SIGKILL it leaves both files behind, as
 the real one does.
+
+The limit commands the real control shell accepts (``set_default_active_thread_percentage``,
+``set_default_device_pinned_mem_limit``, and their per-server forms taking a server PID)
+are checked and kept in ``<log>/limits.json`` (:func:`read_limits`), so tests see which
+limits a daemon enforces; a command the real shell would reject lands in ``rejected``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 REPLY = "#reply"
 """Not a real MPS command: the runner asks the daemon to touch a file once it has read the
 lines before (the real control client waits for the daemon's answer too)."""
+
+
+LIMITS_FILE = "limits.json"
+_MEMORY_RE = re.compile(r"\d+[MG]?")
+
+
+def read_limits(log_dir: Path) -> dict[str, Any]:
+    """What a (simulated) control daemon was told: defaults, per-server limits, rejects."""
+    path = log_dir / LIMITS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _percentage(text: str) -> int | None:
+    return int(text) if text.isdigit() and 0 <= int(text) <= 100 else None
+
+
+def _apply_limit(limits: dict[str, Any], command: str) -> bool:
+    """Record one limit command as the real shell would take it; whether it is one."""
+    words = command.split()
+    name, args = words[0], words[1:]
+    if name == "set_default_active_thread_percentage":
+        ok = len(args) == 1 and _percentage(args[0]) is not None
+        if ok:
+            limits["defaultActiveThreadPercentage"] = int(args[0])
+    elif name == "set_default_device_pinned_mem_limit":
+        ok = len(args) == 2 and _MEMORY_RE.fullmatch(args[1]) is not None
+        if ok:
+            limits.setdefault("defaultDevicePinnedMemLimit", {})[args[0]] = args[1]
+    elif name == "set_active_thread_percentage":
+        ok = len(args) == 2 and args[0].isdigit() and _percentage(args[1]) is not None
+        if ok:
+            limits.setdefault("servers", {}).setdefault(args[0], {})[
+                "activeThreadPercentage"] = int(args[1])
+    elif name == "set_device_pinned_mem_limit":
+        ok = len(args) == 3 and args[0].isdigit() \
+            and _MEMORY_RE.fullmatch(args[2]) is not None
+        if ok:
+            limits.setdefault("servers", {}).setdefault(args[0], {}).setdefault(
+                "devicePinnedMemLimit", {})[args[1]] = args[2]
+    else:
+        return False
+    if not ok:
+        limits.setdefault("rejected", []).append(command)
+    return True
+
+
+def _save(log_dir: Path, limits: dict[str, Any]) -> None:
+    tmp = log_dir / (LIMITS_FILE + ".tmp")
+    tmp.write_text(json.dumps(limits, sort_keys=True))
+    tmp.replace(log_dir / LIMITS_FILE)
 
 
 def main(pipe_dir: str, log_dir: str) -> None:
@@ -31,6 +89,8 @@ def main(pipe_dir: str, log_dir: str) -> None:
     log = (logs / "control.log").open("a", buffering=1)
     log.write(f"[sim] MPS control daemon started pid={os.getpid()} "
               f"devices={os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
+    limits: dict[str, Any] = {"devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    _save(logs, limits)
     (logs / "startup.log").write_text("ready\n")
     try:
         while True:
@@ -45,6 +105,8 @@ def main(pipe_dir: str, log_dir: str) -> None:
                     log.write(f"[sim] {command}\n")
                     if command == "quit":
                         return
+                    if _apply_limit(limits, command):
+                        _save(logs, limits)
     finally:
         control.unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)

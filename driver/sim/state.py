@@ -57,6 +57,20 @@ class ProcessState:
 
 
 @dataclass
+class LoadState:
+    """Simulated work on a GPU (``mig_uuid`` None) or on one MIG device, until ``until``
+    (Unix seconds; None: until cleared)."""
+
+    mig_uuid: str | None = None
+    sm_percent: float = 0.0
+    memory_bytes: int = 0
+    until: float | None = None
+
+    def active(self, now: float) -> bool:
+        return self.until is None or now < self.until
+
+
+@dataclass
 class GpuState:
     mig_current: int = 0
     mig_pending: int = 0
@@ -69,6 +83,7 @@ class GpuState:
     (a new board has a new UUID)."""
     gpu_instances: list[GpuInstanceState] = field(default_factory=list)
     processes: list[ProcessState] = field(default_factory=list)
+    loads: list[LoadState] = field(default_factory=list)
 
     def gpu_instance(self, gi_id: int) -> GpuInstanceState | None:
         return next((gi for gi in self.gpu_instances if gi.id == gi_id), None)
@@ -126,9 +141,12 @@ class NodeState:
                 for gi in g["gpu_instances"]
             ]
             gpus.append(GpuState(
-                **{k: v for k, v in g.items() if k not in ("gpu_instances", "processes")},
+                **{k: v for k, v in g.items()
+                   if k not in ("gpu_instances", "processes", "loads")},
                 gpu_instances=gis,
                 processes=[ProcessState(**p) for p in g["processes"]],
+                # Absent in state written before loads were modelled.
+                loads=[LoadState(**load) for load in g.get("loads", [])],
             ))
         return cls(
             profile=data["profile"], gpus=gpus, serial=data["serial"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Mapping
+from functools import cache
 from typing import Any
 
 import celpy
@@ -20,14 +21,19 @@ from gpudra.controller.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
 from gpudra.scheduling.cel.checks import Analysis, Footprint, analyse
 from gpudra.scheduling.cel.errors import CelCompileError, CelEvalError
 from gpudra.scheduling.cel.evaluator import DeviceEvaluator, DeviceRunner
-from gpudra.scheduling.cel.grammar import Node, parse
+from gpudra.scheduling.cel.grammar import Node, environment, parse
 from gpudra.scheduling.cel.library import FUNCTIONS
 from gpudra.scheduling.cel.operators import type_name
 from gpudra.scheduling.cel.values import DeviceView
 
 _RESULT_CACHE_LIMIT = 1 << 16
 
-_ENVIRONMENT = celpy.Environment()
+
+@cache
+def _environment() -> celpy.Environment:
+    """One celpy environment, built on first use (not at import: it needs the parser)."""
+    return environment()
+
 
 
 def _message(error: CELEvalError) -> str:
@@ -53,7 +59,7 @@ class Selector:
         self.expression = expression
         self.ast = ast
         self.analysis = analysis
-        self._runner = DeviceRunner(_ENVIRONMENT, ast, FUNCTIONS)
+        self._runner = DeviceRunner(_environment(), ast, FUNCTIONS)
         self._results: dict[Hashable, Result] = {}
         self._by_object: dict[int, tuple[Mapping[str, Any], str, Result]] = {}
         self._lock = threading.Lock()

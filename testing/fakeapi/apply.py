@@ -10,11 +10,16 @@ map-lists). That is enough for the behaviours a driver meets:
 * applying a value that differs from one owned by another manager is a 409 Conflict naming
   the fields, unless ``force=true``, which takes the fields over;
 * Update operations (PUT and the other patch types) take over the fields they change.
+
+One list is a map, as in the apiserver: ``status.devices`` of a ResourceClaim
+(``listType=map``, keys driver, pool, device, shareID), so each driver owns its own entries
+and applying an empty list removes only the applier's entries.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,15 +34,48 @@ _SYSTEM_META = {"name", "namespace", "uid", "resourceVersion", "generation", "cr
                 "generateName"}
 
 
+_LIST_MAPS: dict[Path, tuple[str, ...]] = {
+    ("status", "devices"): ("driver", "pool", "device", "shareID"),
+}
+"""Lists that are maps (``+listType=map``), by path, with their key fields."""
+
+
+def _item_key(item: Obj, keys: tuple[str, ...]) -> str:
+    """The fieldsV1 element key: ``k:{"device":"gpu-0","driver":...}``."""
+    return "k:" + json.dumps({k: item[k] for k in sorted(keys) if item.get(k) not in (None, "")},
+                             separators=(",", ":"))
+
+
+def as_maps(obj: Obj) -> Obj:
+    """``obj`` with each list-map turned into a dict by element key (for merging)."""
+    out = copy.deepcopy(obj)
+    for path, keys in _LIST_MAPS.items():
+        found, value = _lookup(out, path)
+        if found and isinstance(value, list) and all(isinstance(i, dict) for i in value):
+            parent = _lookup(out, path[:-1])[1]
+            parent[path[-1]] = {_item_key(i, keys): i for i in value}
+    return out
+
+
+def as_lists(obj: Obj) -> Obj:
+    """The inverse of :func:`as_maps`."""
+    for path in _LIST_MAPS:
+        found, value = _lookup(obj, path)
+        if found and isinstance(value, dict):
+            _lookup(obj, path[:-1])[1][path[-1]] = list(value.values())
+    return obj
+
+
 def leaves(obj: Obj, *, status_subresource: bool, scope: str) -> dict[Path, Any]:
     """Leaf field paths → values, for the main resource (``scope="main"``) or its status."""
     found: dict[Path, Any] = {}
+    obj = as_maps(obj)
 
     def walk(value: Any, path: Path) -> None:
         if isinstance(value, dict) and value:
             for key, child in value.items():
                 walk(child, (*path, key))
-        else:
+        elif not (path in _LIST_MAPS and value in ({}, [])):  # an empty list-map owns nothing
             found[path] = value
 
     for key, value in obj.items():
@@ -59,7 +97,7 @@ def to_fields_v1(paths: Iterable[Path]) -> Obj:
     for path in sorted(paths):
         node = tree
         for key in path:
-            node = node.setdefault(f"f:{key}", {})
+            node = node.setdefault(key if key.startswith("k:") else f"f:{key}", {})
     return tree
 
 
@@ -67,11 +105,12 @@ def from_fields_v1(tree: Obj) -> set[Path]:
     paths: set[Path] = set()
 
     def walk(node: Obj, path: Path) -> None:
-        children = {k: v for k, v in node.items() if k.startswith("f:")}
+        children = {k: v for k, v in node.items() if k.startswith(("f:", "k:"))}
         if not children and path:
             paths.add(path)
         for key, child in children.items():
-            walk(child if isinstance(child, dict) else {}, (*path, key[2:]))
+            name = key if key.startswith("k:") else key[2:]
+            walk(child if isinstance(child, dict) else {}, (*path, name))
 
     walk(tree, ())
     return paths
@@ -165,6 +204,7 @@ class ManagedFields:
         applied = leaves(config, status_subresource=status_subresource, scope=scope)
         key = (manager, "Apply", subresource)
         conflicts: dict[str, list[Path]] = {}
+        current = as_maps(current)
         for path, value in applied.items():
             present, existing = _lookup(current, path)
             for other, paths in self.owned.items():
@@ -186,7 +226,7 @@ class ManagedFields:
             body.pop("metadata", None)
         if status_subresource:
             body = {k: v for k, v in body.items() if (k == "status") == (scope == "status")}
-        result = dict(_merge(result, body))
+        result = as_lists(dict(_merge(result, as_maps(body))))
         if force:
             for other, paths in self.owned.items():
                 if other != key:

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpudra.testing.fakeapi import errors as fe
+from gpudra.testing.fakeapi import quantity
+from gpudra.testing.fakeapi.device_status import device_key, validate_device_status
 from gpudra.testing.fakeapi.errors import FieldError
 from gpudra.testing.fakeapi.validation import (
     as_map,
@@ -169,6 +172,26 @@ def _allocated(status: Obj) -> set[tuple[str, str, str, str]]:
             for r in results if isinstance(r, dict)}
 
 
+_SHARE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _allocation_results(allocation: Obj) -> list[FieldError]:
+    """KEP-5075 fields of the results: ``shareID`` a lower-case UUID, ``consumedCapacity``
+    quantities (validation.go ``validateDeviceRequestAllocationResult``)."""
+    errs: list[FieldError] = []
+    results = (allocation.get("devices") or {}).get("results") or []
+    for i, result in enumerate(r for r in results if isinstance(r, dict)):
+        path = f"status.allocation.devices.results[{i}]"
+        share_id = result.get("shareID")
+        if share_id is not None and not (isinstance(share_id, str)
+                                         and _SHARE_ID.fullmatch(share_id)):
+            errs.append(fe.invalid(f"{path}.shareID", share_id,
+                                   "must be a lowercase UUID in 8-4-4-4-12 format"))
+        for value in (result.get("consumedCapacity") or {}).values():
+            quantity.parse(value)  # an unparsable quantity fails decoding, as upstream
+    return errs
+
+
 def validate_claim_status(obj: Obj, old: Obj) -> list[FieldError]:
     status = get_map(obj, "status", "ResourceClaim.status") or {}
     old_status = old.get("status") or {}
@@ -194,16 +217,19 @@ def validate_claim_status(obj: Obj, old: Obj) -> list[FieldError]:
     old_allocation = old_status.get("allocation")
     if old_allocation is not None and allocation is not None and allocation != old_allocation:
         errs.append(fe.invalid("status.allocation", allocation, "field is immutable"))
+    if allocation is not None and allocation != old_allocation:
+        errs.extend(_allocation_results(allocation))
     allocated = _allocated(status)
+    keys: set[tuple[str, str, str, str]] = set()
     for i, item in enumerate(get_list(status, "devices", "status.devices") or []):
         dpath = f"status.devices[{i}]"
         device = as_map(item, dpath)
-        device_id = (device.get("driver", ""), device.get("pool", ""),
-                     device.get("device", ""), device.get("shareID") or "")
+        device_id = device_key(device)
         if device_id not in allocated:
             shown = "/".join(device_id[:3]) + (f"/{device_id[3]}" if device_id[3] else "")
             errs.append(fe.invalid(dpath, shown, "must be an allocated device in the claim"))
-        conditions = device.get("conditions") or []
-        if len(conditions) > 8:
-            errs.append(fe.too_many(f"{dpath}.conditions", len(conditions), 8))
+        if device_id in keys:
+            errs.append(fe.duplicate(dpath, "/".join(p for p in device_id if p)))
+        keys.add(device_id)
+        errs.extend(validate_device_status(device, dpath))
     return errs

@@ -12,6 +12,7 @@ shared counters. Map keys are visited in sorted order so messages are determinis
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 from gpudra.testing.fakeapi import errors as fe
@@ -38,6 +39,7 @@ from gpudra.testing.fakeapi.validation import (
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64  # any taints, consumesCounters or list attributes in the slice
 MAX_COUNTER_SETS = 8
+MAX_VALID_VALUES = 10  # CapacityRequestPolicyDiscreteMaxOptions
 MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMPTIONS_PER_DEVICE = 2
 MAX_COUNTERS_PER_CONSUMPTION = 32
@@ -190,6 +192,10 @@ def _device(device: Obj, old: Obj | None, path: str, per_device_nodes: bool) -> 
             if entry.get("requestPolicy") is not None and not multi:
                 errs.append(fe.forbidden(f"{key_path}.requestPolicy",
                                          "allowMultipleAllocations must be true"))
+            elif entry.get("requestPolicy") is not None:
+                value, _ = quantity.parse(entry.get("value", "0"))
+                errs.extend(_request_policy(as_map(entry["requestPolicy"], key_path), value,
+                                            f"{key_path}.requestPolicy"))
     taints = get_list(device, "taints", f"{path}.taints") or []
     if len(taints) > MAX_TAINTS:
         errs.append(fe.too_many(f"{path}.taints", len(taints), MAX_TAINTS))
@@ -291,6 +297,72 @@ def _version_value(value: str, path: str) -> list[FieldError]:
                                             "2.0.0"))
     if len(value.encode()) > MAX_VALUE_LENGTH:
         errs.append(fe.too_long(path, MAX_VALUE_LENGTH))
+    return errs
+
+
+def _q(raw: Any) -> Fraction | None:
+    return None if raw is None else quantity.parse(raw)[0]
+
+
+def _request_policy(policy: Obj, capacity: Fraction, path: str) -> list[FieldError]:
+    """``validateRequestPolicy`` (validation.go): one kind of policy, within the capacity."""
+    errs: list[FieldError] = []
+    default = _q(policy.get("default"))
+    values = policy.get("validValues") or []
+    valid_range = policy.get("validRange")
+    if values and valid_range is not None:
+        return [fe.forbidden(path, 'exactly one policy can be specified, cannot specify '
+                                   '"validValues" and "validRange" at the same time')]
+    if values:
+        vpath = f"{path}.validValues"
+        if len(values) > MAX_VALID_VALUES:
+            return [fe.too_many(vpath, len(values), MAX_VALID_VALUES)]
+        seen: list[Fraction] = []
+        for i, raw in enumerate(values):
+            amount = quantity.parse(raw)[0]
+            if seen and amount <= seen[-1]:
+                errs.append(fe.invalid(f"{vpath}[{i}]", raw,
+                                       "values must be sorted in ascending order"))
+            if amount > capacity:
+                errs.append(fe.invalid(f"{vpath}[{i}]", raw,
+                                       "option is larger than capacity value"))
+            seen.append(amount)
+        if default is not None and default not in seen:
+            errs.append(fe.invalid(f"{path}.default", str(default),
+                                   "default value is not valid according to the requestPolicy"))
+        return errs
+    if valid_range is None:
+        return errs
+    rng = as_map(valid_range, f"{path}.validRange")
+    rpath = f"{path}.validRange"
+    minimum, maximum, step = _q(rng.get("min")), _q(rng.get("max")), _q(rng.get("step"))
+    if minimum is None:
+        return [fe.required(f"{rpath}.min")]
+    if minimum > capacity:
+        errs.append(fe.invalid(f"{rpath}.min", rng["min"], "min is larger than capacity value"))
+    if default is not None and default < minimum:
+        errs.append(fe.invalid(f"{path}.default", str(default), "default is less than min"))
+    if maximum is not None:
+        if maximum < minimum:
+            errs.append(fe.invalid(f"{rpath}.max", rng["max"], "max is less than min"))
+        if maximum > capacity:
+            errs.append(fe.invalid(f"{rpath}.max", rng["max"],
+                                   "max is larger than capacity value"))
+        if default is not None and default > maximum:
+            errs.append(fe.invalid(f"{path}.default", str(default), "default is more than max"))
+    if step is None:
+        return errs
+    if step <= 0:
+        return [*errs, fe.invalid(f"{rpath}.step", rng["step"], "step must be positive")]
+    if minimum + step > capacity:
+        errs.append(fe.invalid(f"{rpath}.step", rng["step"],
+                               "one step is larger than capacity value"))
+    if default is not None and (default - minimum) % step:
+        errs.append(fe.invalid(f"{path}.default", str(default),
+                               "default value is not valid according to the requestPolicy"))
+    if maximum is not None and (maximum - minimum) % step:
+        errs.append(fe.invalid(f"{rpath}.max", rng["max"],
+                               "max is not valid according to the requestPolicy"))
     return errs
 
 

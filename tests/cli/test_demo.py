@@ -14,20 +14,33 @@ def demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path):
-    before = set(Path("/tmp").glob("gd-demo-*"))
     done = demo(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "published 9 ResourceSlices" in out
-    assert "208 devices" in out
+    assert "209 devices" in out  # 208 and GPU 7's shared device
+    shares = [x for x in out.splitlines() if "a share of GPU 7" in x]
+    assert len(shares) == 2 and all("→ prepared gpu-7-shared share" in x for x in shares)
+    assert "MPS limits 0=16384M, 25% of the SMs" in shares[0]
+    assert "MPS limits 0=40960M, 50% of the SMs" in shares[1]
+    assert "→ one MPS control daemon for the shared GPU" in out
     for scenario in ("single-gpu", "mig-1g-dynamic", "two-mig-same-gpu", "exclusive-compute",
                      "mps"):
         line = next(x for x in out.splitlines() if scenario in x)
         assert "→ prepared" in line, line
+    top = out.splitlines()[out.splitlines().index("   gpudra top (with simulated load on the "
+                                                  "devices):") + 1:][:7]
+    assert top[0].split() == ["NAMESPACE", "CLAIM", "POD", "DEVICE", "SM%", "MEMORY", "POWER",
+                              "IDLE"]
+    assert top[1].split()[1:5] == ["two-slices-one-gpu", "-", "gpu-1-mig-1g10gb-19-3",
+                                   "(1g.10gb)"]  # busiest first; GPM figures for MIG
+    assert [row.split()[1] for row in top[1:]].count("two-slices-one-gpu") == 2
     assert "0 MIG devices" in out and "CDI specs left: 0" in out
     assert 'gpudra_mig_operations_total{operation="create",outcome="ok"} 3.0' in out
     assert "sockets left behind: none" in out
-    assert set(Path("/tmp").glob("gd-demo-*")) == before
+    # Its own directory only: another demo (another test run) may be using /tmp meanwhile.
+    base = out.split("everything under ", 1)[1].split()[0]
+    assert base.startswith("/tmp/gd-demo-") and not Path(base).exists()
     assert list(tmp_path.iterdir()) == []
 
 

@@ -120,6 +120,12 @@ VALID = {
     "48-attribute-values": res_slice(dev(attributes={"l": {"ints": list(range(48))}})),
     "quantity-forms": res_slice(dev(capacity={"a": {"value": "1500m"}, "b": {"value": "1e3"},
                                               "c": {"value": 7}})),
+    "request-policy-range": res_slice(dev(
+        allowMultipleAllocations=True,
+        capacity={"memory": {"value": "80Gi", "requestPolicy": {
+            "default": "9Gi", "validRange": {"min": "1Gi", "step": "1Gi", "max": "79Gi"}}},
+                  "shares": {"value": "16", "requestPolicy": {
+                      "default": "1", "validValues": ["1", "2", "4", "8", "16"]}}})),
     "request-policy-with-multi-allocation": res_slice(dev(
         allowMultipleAllocations=True,
         capacity={"memory": {"value": "80Gi", "requestPolicy": {"default": "1Gi"}}})),
@@ -234,6 +240,31 @@ INVALID: dict[str, tuple[dict[str, Any], list[tuple[str, str]]]] = {
         res_slice(dev(capacity={"memory": {"value": "1Gi", "requestPolicy": {"default": "1"}}})),
         [(f"{C0}[memory].requestPolicy", F)],
     ),
+    # request policies (KEP-5075): one kind, within the capacity, a default it allows
+    **{f"request-policy-{name}": (
+        res_slice(dev(allowMultipleAllocations=True,
+                      capacity={"memory": {"value": "10Gi", "requestPolicy": policy}})),
+        [(f"{C0}[memory].requestPolicy{where}", kind)])
+       for name, policy, where, kind in (
+        ("range-min-missing", {"validRange": {"step": "1Gi"}}, ".validRange.min", R),
+        ("range-min-over-value", {"validRange": {"min": "11Gi"}}, ".validRange.min", INV),
+        ("default-under-min", {"default": "1Gi", "validRange": {"min": "2Gi"}}, ".default",
+         INV),
+        ("max-over-value", {"validRange": {"min": "1Gi", "max": "20Gi"}}, ".validRange.max",
+         INV),
+        ("step-zero", {"validRange": {"min": "1Gi", "step": "0"}}, ".validRange.step", INV),
+        ("step-past-value", {"validRange": {"min": "1Gi", "step": "10Gi"}},
+         ".validRange.step", INV),
+        ("default-off-step", {"default": "1536Mi", "validRange": {"min": "1Gi", "step": "1Gi"}},
+         ".default", INV),
+        ("max-off-step", {"validRange": {"min": "1Gi", "step": "2Gi", "max": "4Gi"}},
+         ".validRange.max", INV),
+        ("values-unsorted", {"validValues": ["2Gi", "1Gi"]}, ".validValues[1]", INV),
+        ("values-over-value", {"validValues": ["1Gi", "20Gi"]}, ".validValues[1]", INV),
+        ("default-not-a-value", {"default": "3Gi", "validValues": ["1Gi", "2Gi"]}, ".default",
+         INV),
+        ("range-and-values", {"validValues": ["1Gi"], "validRange": {"min": "1Gi"}}, "", F),
+       )},
     # taints
     "17-taints": (res_slice(dev(taints=[taint()] * 17)), [(T0, TM)]),
     "taint-key-empty": (res_slice(dev(taints=[taint(key="")])),

@@ -12,6 +12,7 @@ Each values combination renders once per session (renders are cached by values).
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
 import re
@@ -76,6 +77,34 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
     },
 }
 
+# PrometheusRule is a CRD too: held to the subset of its schema the chart writes.
+PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICE_MONITOR_SCHEMA["properties"]["metadata"],
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["groups"],
+            "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+                "properties": {"name": {"type": "string"}, "rules": {"type": "array", "items": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["alert", "expr"],
+                    "properties": {
+                        "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                        "expr": {"type": "string", "minLength": 1},
+                        "for": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h|d)$"},
+                        "labels": {"type": "object",
+                                   "additionalProperties": {"type": "string"}},
+                        "annotations": {"type": "object",
+                                        "additionalProperties": {"type": "string"}}}}}}}}},
+        },
+    },
+}
+
 
 # --- rendering ------------------------------------------------------------------------------
 
@@ -132,6 +161,9 @@ def validate(obj: dict[str, Any]) -> None:
     if obj["kind"] == "ServiceMonitor":
         jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
         return
+    if obj["kind"] == "PrometheusRule":
+        jsonschema.validate(obj, PROMETHEUS_RULE_SCHEMA)
+        return
     kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
 
 
@@ -147,12 +179,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "extended-resource": {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}},
     "custom-driver": {"driverName": "gpu.example.com",
                       "deviceClasses": {"gpu": {"name": "gpu.example.com"},
-                                        "mig": {"name": "mig.example.com"}}},
+                                        "mig": {"name": "mig.example.com"},
+                                        "share": {"name": "gpu-share.example.com"}}},
     "feature-gates": {"featureGates": {"DynamicMIG": False, "MPSSupport": True}},
     "metrics-service-off": {"metrics": {"service": {"enabled": False}}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True,
                                                        "labels": {"release": "prom"}}}},
-    "no-deviceclasses": {"deviceClasses": {"gpu": {"enabled": False},
+    "observability": {"metrics": {"serviceMonitor": {"enabled": True},
+                                  "grafanaDashboard": {"enabled": True,
+                                                       "annotations": {"grafana_folder": "GPUs"}},
+                                  "prometheusRule": {"enabled": True,
+                                                     "labels": {"release": "prom"},
+                                                     "claimIdleSeconds": 3600}}},
+    "no-deviceclasses": {"deviceClasses": {"share": {"enabled": False}, "gpu": {"enabled": False},
                                            "mig": {"enabled": False}}},
     "existing-serviceaccount": {"serviceAccount": {"create": False, "name": "gpu-daemon"}},
     "operator-driver-root": {"driverRoot": "/run/nvidia/driver",
@@ -195,6 +234,10 @@ def _expected_kinds(values: dict[str, Any]) -> set[str]:
         kinds.add("ServiceMonitor")
     elif not metrics.get("service", {}).get("enabled", True):
         kinds.discard("Service")
+    if metrics.get("grafanaDashboard", {}).get("enabled"):
+        kinds.add("ConfigMap")
+    if metrics.get("prometheusRule", {}).get("enabled"):
+        kinds.add("PrometheusRule")
     classes = values.get("deviceClasses", {})
     if any(classes.get(key, {}).get("enabled", True) for key in ("gpu", "mig")):
         kinds.add("DeviceClass")
@@ -231,7 +274,7 @@ def test_every_object_is_valid_kubernetes(scenario):
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("scenario", ["default", "simulate", "everything"])
+@pytest.mark.parametrize("scenario", ["default", "simulate", "everything", "observability"])
 def test_helm_lint_is_clean(scenario):
     report = helm.lint(CHART, SCENARIOS[scenario], strict=True, namespace=NAMESPACE,
                        kube_version=f"v{SCHEMA_VERSION}")
@@ -523,16 +566,13 @@ def _rules(driver: str) -> list[dict[str, Any]]:
     return [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
-         "verbs": ["update", "patch"]},
+         "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
-         "resourceNames": [driver], "verbs": ["associated-node:update", "associated-node:patch"]},
+         "resourceNames": [driver], "verbs": ["associated-node:patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete",
-                   "deletecollection"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"],
-         "verbs": ["get", "list", "watch"]},
+         "verbs": ["get", "list", "watch", "create", "update", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
     ]
 
 
@@ -677,7 +717,8 @@ def test_device_classes_equal_the_plain_yaml():
                       key=lambda o: o["metadata"]["name"])
     shipped = [yaml.safe_load(path.read_text())
                for path in sorted(DEVICECLASS_FILES.glob("*.yaml"))]
-    assert [o["metadata"]["name"] for o in shipped] == ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert [o["metadata"]["name"] for o in shipped] == [
+        "gpu-share.nvidia.com", "gpu.nvidia.com", "mig.nvidia.com"]
     assert rendered == shipped
 
 
@@ -691,6 +732,9 @@ def test_device_classes_follow_the_driver_name():
         "mig.example.com": {"selectors": [{"cel": {"expression":
             "device.driver == 'gpu.example.com' && "
             "device.attributes['gpu.example.com'].type == 'mig'"}}]},
+        "gpu-share.example.com": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.example.com' && "
+            "device.attributes['gpu.example.com'].type == 'gpu-share'"}}]},
     }
 
 
@@ -703,7 +747,8 @@ def test_extended_resource_name():
 
 
 def test_device_class_toggles():
-    only_gpu = objects({"deviceClasses": {"mig": {"enabled": False}}})
+    only_gpu = objects({"deviceClasses": {"mig": {"enabled": False},
+                                          "share": {"enabled": False}}})
     assert [o["metadata"]["name"] for o in of_kind(only_gpu, "DeviceClass")] == ["gpu.nvidia.com"]
 
 
@@ -909,3 +954,130 @@ def test_docs_name_every_feature_gate_and_simulated_profile():
         text = path.read_text()
         assert [g for g in DEFAULTS if g not in text] == [], path.name
         assert [p for p in sim.node_profiles() if p not in text] == [], path.name
+
+
+# --- RBAC against the code's API calls ---------------------------------------------------------
+
+# RawApi method -> Kubernetes verb; ``apply`` is a PATCH.
+_VERBS = {"get": "get", "list": "list", "watch": "watch", "create": "create",
+          "replace": "update", "delete": "delete", "apply": "patch"}
+# The daemon's code: what runs under the chart's ServiceAccount (the CLI tools run as the user).
+_DAEMON_CODE = ("kube", "controller", "kubeletplugin", "driver")
+
+
+def _api_calls() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) of every RawApi call in the daemon's code."""
+    from gpudra.kube import raw_api
+
+    resources = {name: value for name, value in vars(raw_api).items()
+                 if isinstance(value, raw_api.Resource)}
+    found: set[tuple[str, str, str]] = set()
+    for folder in _DAEMON_CODE:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in _VERBS and node.args
+                        and isinstance(node.args[0], ast.Name)
+                        and node.args[0].id in resources):
+                    continue
+                resource = resources[node.args[0].id]
+                group = resource.group_version.removeprefix("/apis/").rpartition("/")[0]
+                plural = resource.plural
+                for keyword in node.keywords:
+                    if keyword.arg == "subresource" and isinstance(keyword.value, ast.Constant):
+                        plural += f"/{keyword.value.value}"
+                found.add((group if resource.group_version.startswith("/apis/") else "",
+                           plural, _VERBS[node.func.attr]))
+    return found
+
+
+def _granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_cluster_role_grants_exactly_the_calls_the_code_makes():
+    calls = _api_calls()
+    assert ("resource.k8s.io", "resourceclaims/status", "patch") in calls  # the scan works
+    granted = _granted(one(objects(), "ClusterRole")["rules"])
+    # Writing status.devices is also authorised on the synthetic resourceclaims/driver
+    # subresource (1.36+), with the verb of the status write: not an API call of its own.
+    synthetic = {("resource.k8s.io", "resourceclaims/driver", f"associated-node:{verb}")
+                 for group, resource, verb in calls if resource == "resourceclaims/status"}
+    assert granted == calls | synthetic
+
+
+# --- dashboards and alerts --------------------------------------------------------------------
+
+def _defined_metrics() -> set[str]:
+    """Every series name the daemon's code exposes (prometheus_client's suffixes included)."""
+    names: set[str] = set()
+    pattern = re.compile(r'\b(Counter|Gauge|Histogram)\(\s*"(gpudra_[a-z0-9_]+)"')
+    for folder in _DAEMON_CODE:
+        for path in (ROOT / folder).rglob("*.py"):
+            for kind, name in pattern.findall(path.read_text()):
+                names |= {f"{name}_total"} if kind == "Counter" else (
+                    {name} if kind == "Gauge" else {f"{name}_bucket", f"{name}_sum",
+                                                    f"{name}_count"})
+    return names
+
+
+def _queried(expr: str) -> set[str]:
+    return set(re.findall(r"\bgpudra_[a-z0-9_]+", expr))
+
+
+def _balanced(expr: str) -> bool:
+    depth = 0
+    for char in expr:
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def test_dashboard_is_opt_in_and_carries_the_sidecar_label():
+    assert of_kind(objects(), "ConfigMap") == []
+    cm = one(objects(SCENARIOS["observability"]), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+    (key,) = cm["data"]
+    assert key.endswith(".json")
+    assert json.loads(cm["data"][key]) == json.loads((CHART / "files" / "dashboard.json")
+                                                     .read_text())
+
+
+def test_dashboard_queries_only_metrics_the_daemon_exposes():
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"]
+              if isinstance(v.get("query"), dict)]
+    assert exprs
+    known = _defined_metrics()
+    queried = set().union(*map(_queried, exprs))
+    assert queried <= known, queried - known
+    assert {"gpudra_claim_sm_utilization_percent", "gpudra_claim_memory_used_bytes",
+            "gpudra_claim_idle_seconds", "gpudra_xid_events_total"} <= queried
+    assert all(_balanced(e) for e in exprs)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert {p["title"] for p in dashboard["panels"] if p["type"] == "row"} == {
+        "Per node", "Per namespace", "Idle claims"}
+
+
+def test_prometheus_rule_is_opt_in_with_the_two_alerts():
+    assert of_kind(objects(), "PrometheusRule") == []
+    rule = one(objects(SCENARIOS["observability"]), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) == {"GPUClaimIdle", "GPUXidErrors"}
+    assert alerts["GPUClaimIdle"]["expr"].endswith(">= 3600")
+    assert "[10m]" in alerts["GPUXidErrors"]["expr"]
+    known = _defined_metrics()
+    for alert in alerts.values():
+        assert _queried(alert["expr"]) and _queried(alert["expr"]) <= known, alert["expr"]
+        assert _balanced(alert["expr"])
+        assert "{{ $labels." in alert["annotations"]["summary"]  # Prometheus templating kept
+
+
+def test_rule_values_are_checked_by_the_schema():
+    assert "xidWindow" in render_error({"metrics": {"prometheusRule": {"xidWindow": "ten"}}})

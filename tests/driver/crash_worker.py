@@ -29,6 +29,11 @@ def crash_claim(uid: str, *devices: str):
                       devices=allocated, configs=CONFIGS)
 
 
+# A second claim for the batched calls: a MIG device on a GPU of its own.
+PAIR_UID = "44444444-4444-4444-8444-444444444444"
+PAIR_DEVICE = "gpu-3-mig-1g10gb-19-0"
+
+
 def main() -> None:
     root, action, uid, *devices = sys.argv[1:]
     node = start_node(Path(root))
@@ -36,6 +41,13 @@ def main() -> None:
         node.state.prepare(crash_claim(uid, *devices))
     elif action == "prepare-plain":  # no config, no MIG: only the CDI spec is written
         node.state.prepare(claim(uid, *devices))
+    elif action == "prepare-pair":  # two claims in one kubelet call
+        results = node.state.prepare_many([crash_claim(uid, *devices),
+                                           claim(PAIR_UID, PAIR_DEVICE)])
+        assert all(isinstance(r, tuple) for r in results.values()), results
+    elif action == "unprepare-pair":
+        errors = node.state.unprepare_many([uid, PAIR_UID])
+        assert errors == {uid: None, PAIR_UID: None}, errors
     else:
         node.state.unprepare(uid)
     node.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpudra.driver import sim
@@ -45,14 +45,15 @@ class SimNode:
 def start_node(
     root: Path, profile: str = "dgx-h100", *, boot_id: str = "boot-1",
     commands: CommandRunner | None = None, time_slicing: bool = True, mps: bool = True,
-    compute_modes: bool = True,
+    compute_modes: bool = True, options: ModelOptions | None = None,
 ) -> SimNode:
     """Open (or re-open, after a 'crash') the simulated node under ``root``.
 
     ``time_slicing``, ``mps`` and ``compute_modes`` are the feature gates
     ``TimeSlicingSettings``, ``MPSSupport`` and ``ComputeModeSettings``; ``commands``
-    replaces the simulated host commands.
+    replaces the simulated host commands; ``options`` the device model's (shareable GPUs).
     """
+    options = options or ModelOptions()
     nvml = open_nvml(simulate=profile, sim_state=root / "sim")
     store = CheckpointStore(root / "plugin", boot_id=boot_id)
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
@@ -60,7 +61,7 @@ def start_node(
     populate_driver_root(driver_root, [g.probe.minor for g in inventory.gpus])
     runner = commands or SimulatedCommandRunner(root / "sim")
     state = DeviceState(driver=DRIVER, nvml=nvml, index=NodeIndex.build(POOL, inventory,
-                        ModelOptions()), store=store, cdi_root=root / "cdi",
+                        options), store=store, cdi_root=root / "cdi",
                         driver_root=DriverRoot(driver_root),
                         commands=runner if time_slicing else None,
                         mps=MpsManager(runner, root / "plugin" / "mps") if mps else None,
@@ -68,7 +69,7 @@ def start_node(
     state.reconcile()
     owned = state.owned_mig_uuids()
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
-    state.index = NodeIndex.build(POOL, inventory, ModelOptions(owned_mig_uuids=owned))
+    state.index = NodeIndex.build(POOL, inventory, replace(options, owned_mig_uuids=owned))
     return SimNode(root, profile, nvml, state)
 
 

@@ -476,3 +476,38 @@ def test_lock_timeout_names_the_lock_and_its_holder(tmp_path):
     assert f"held by pid {os.getpid()}" in message and "0.1s" in message
     with waiter.locked(timeout=0.1):
         pass
+
+
+def test_a_read_of_unchanged_bytes_is_served_from_the_cache(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    store.save(sample())
+    first = store.load()
+    assert store.load() is first  # parsed once, not per read
+
+
+def test_the_cache_sees_every_write_even_in_place_within_one_clock_tick(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    other = CheckpointStore(tmp_path, boot_id="boot-1")  # another daemon instance
+    store.save(sample())
+    assert set(store.load().claims) == {UID_A, UID_B}
+    other.save(without_claim(other.load(), UID_B))
+    assert set(store.load().claims) == {UID_A}
+    # Same size, same inode, no time for the mtime to move: only the content tells.
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(path.read_bytes().replace(b'"trainer"', b'"trainef"'))
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        store.load()
+
+
+def test_the_lock_file_is_reopened_when_it_was_removed(tmp_path):
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    with store.locked(timeout=1):
+        pass
+    (tmp_path / "checkpoint.lock").unlink()
+    other = CheckpointStore(tmp_path, boot_id="boot-1")
+    # both lock the file that is there now, so they still exclude each other
+    with store.locked(timeout=1), pytest.raises(CheckpointLockTimeout), \
+            other.locked(timeout=0.05):
+        pass
+    store.close()
+    other.close()

@@ -12,7 +12,7 @@ import pytest
 from gpudra.driver import sim
 from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.faults import CRASH_EXIT_CODE, ENV, POINTS
-from tests.driver.crash_worker import crash_claim
+from tests.driver.crash_worker import PAIR_UID, crash_claim
 from tests.driver.node_fixture import DRIVER, start_node
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,18 +86,32 @@ def test_crash_during_unprepare_finishes_on_retry(point, tmp_path):
     assert_converged(tmp_path, prepared=False)
 
 
+@pytest.mark.parametrize("point", UNPREPARE_POINTS)
+def test_crash_during_a_batched_unprepare_finishes_on_retry(point, tmp_path):
+    # Two claims in one call, one commit at the end: a crash after the first claim's undo
+    # leaves both recorded, and the retry undoes both again from the checkpoint.
+    assert run_worker(tmp_path, "prepare-pair", None) == 0
+    assert run_worker(tmp_path, "unprepare-pair", point) == CRASH_EXIT_CODE
+    assert set(CheckpointStore(tmp_path / "plugin", boot_id="boot-1").load().claims) == {
+        UID, PAIR_UID}
+    assert run_worker(tmp_path, "unprepare-pair", None) == 0
+    assert CheckpointStore(tmp_path / "plugin", boot_id="boot-1").load().claims == {}
+    assert_converged(tmp_path, prepared=False)
+
+
 def test_no_crash_leaves_a_prepared_claim(tmp_path):
     assert run_worker(tmp_path, "prepare", None) == 0
     assert_converged(tmp_path, prepared=True)
 
 
-@pytest.mark.parametrize("point", ["prepare:after-started", "prepare:after-cdi-write"])
+@pytest.mark.parametrize("point", ["prepare:after-started", "prepare:after-cdi-write",
+                                   "prepare:after-cdi-sync"])
 def test_crash_during_a_plain_full_gpu_prepare_leaves_no_stray_spec(point, tmp_path):
     # Nothing on the GPU changes for this claim, so no PrepareStarted record is written;
     # the CDI spec a crash may leave behind is removed by reconcile.
     assert run_worker(tmp_path, "prepare-plain", point, ("gpu-4",)) == CRASH_EXIT_CODE
     specs = tmp_path / "cdi"
-    if point == "prepare:after-cdi-write":
+    if point != "prepare:after-started":
         assert len(list(specs.glob("*.json"))) == 1  # the crash really left a spec behind
     node = start_node(tmp_path)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from gpudra.driver import sim
 from gpudra.driver.claims import ClaimError, OpaqueConfig
@@ -349,3 +350,32 @@ def test_a_subrequest_is_answered_as_allocated_and_stripped_only_at_the_wire(nod
     (device,) = node.state.prepare(claim(UID1, "gpu-4", request="gpu/big"))
     assert device.request_names == ("gpu/big",)
     assert node.state.prepared(UID1) == (device,)
+
+
+def _checkpoint_writes() -> float:
+    return REGISTRY.get_sample_value("gpudra_checkpoint_write_seconds_count") or 0.0
+
+
+def test_a_call_of_eight_claims_commits_the_checkpoint_once_each_way(node):
+    uids = [f"{i}{i}{i}{i}{i}{i}{i}{i}-0000-4000-8000-000000000000" for i in range(8)]
+    before = _checkpoint_writes()
+    results = node.state.prepare_many([claim(uid, f"gpu-{i}") for i, uid in enumerate(uids)])
+    assert not [r for r in results.values() if isinstance(r, ClaimError)]
+    assert _checkpoint_writes() - before == 1
+    assert set(node.state.prepared_many(uids)) == set(uids)
+    assert all(spec_of(node, uid)["devices"] for uid in uids)
+    before = _checkpoint_writes()
+    unknown = "99999999-9999-4999-8999-999999999999"
+    assert node.state.unprepare_many([*uids, unknown]) == {uid: None for uid in [*uids, unknown]}
+    assert _checkpoint_writes() - before == 1
+    assert node.state.prepared_many(uids) == {}
+    assert list(node.cdi_root.glob("*.json")) == []
+
+
+def test_unpreparing_two_mig_claims_of_one_gpu_in_one_call_restores_it(node):
+    node.state.prepare(claim(UID1, "gpu-0-mig-1g10gb-19-0"))
+    node.state.prepare(claim(UID2, "gpu-0-mig-1g10gb-19-1"))
+    assert len(mig_instances(node, 0)) == 2
+    assert node.state.unprepare_many([UID1, UID2]) == {UID1: None, UID2: None}
+    assert mig_instances(node, 0) == []
+    assert node.control.snapshot()["gpus"][0]["mig_mode"]["current"] == 0

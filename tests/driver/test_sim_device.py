@@ -130,8 +130,8 @@ def test_errors_strings_and_missing_functions(simulate):
         "Insufficient resources")
     assert library.nvmlErrorString(12345) == b"Unknown Error"
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        pynvml.nvmlDeviceGetPowerUsage(handle)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):  # not simulated
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     name = ctypes.create_string_buffer(4)
     fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetName")
     assert fn(handle, name, ctypes.c_uint(4)) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE

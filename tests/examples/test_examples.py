@@ -31,7 +31,14 @@ CASES = [
     ("mps/claim.yaml", "dgx-h100", [("gpu", "gpu-0")]),
     ("exclusive-compute/claim.yaml", "dgx-h100", [("gpu", "gpu-0")]),
     ("admin-access/monitor.yaml", "l4-x4", [("gpus", f"gpu-{i}") for i in range(4)]),
+    ("fractional-gpu/claims.yaml", "dgx-h100", [("gpu", "gpu-0-shared")]),
+    ("time-slice-shares/claim.yaml", "dgx-h100", [("gpu", "gpu-0-shared")]),
 ]
+# Extra flags for the simulated node, per folder (its README says the same).
+FLAGS = {
+    "fractional-gpu": ["--shareable-gpus", "all"],
+    "time-slice-shares": ["--shareable-gpus", "all"],
+}
 # Examples that must NOT fit on a node, and the reason explain must give.
 MISFITS = [
     ("gpu-by-product/claim.yaml", "dgx-a100", "selector #0 is false"),
@@ -52,7 +59,8 @@ def _detach() -> None:
 
 
 def explain_json(capsys, path: str, profile: str) -> dict:
-    code = main(["explain", str(EXAMPLES / path), "--simulate", profile, "-o", "json"])
+    code = main(["explain", str(EXAMPLES / path), "--simulate", profile, "-o", "json",
+                 *FLAGS.get(path.split("/", maxsplit=1)[0], [])])
     out = json.loads(capsys.readouterr().out)
     if "items" in out:  # several pods in one file (they share the claim): take the first
         out = out["items"][0]
@@ -149,7 +157,8 @@ def test_every_folder_has_pods_that_use_its_claims(folder):
                          ids=[f"{c[0].split('/')[0]}@{c[1]}" for c in CASES])
 def test_every_pod_of_the_folder_gets_the_expected_devices(path, profile, expected, capsys):
     folder = path.split("/")[0]
-    code = main(["explain", str(EXAMPLES / folder), "--simulate", profile, "-o", "json"])
+    code = main(["explain", str(EXAMPLES / folder), "--simulate", profile, "-o", "json",
+                 *FLAGS.get(folder, [])])
     out = json.loads(capsys.readouterr().out)
     items = out.get("items", [out])
     assert code == 0, [item["verdict"] for item in items]
@@ -167,3 +176,43 @@ def test_every_pod_of_the_folder_gets_the_expected_devices(path, profile, expect
 def test_every_case_folder_is_covered():
     covered = {path.split("/")[0] for path, _, _ in CASES}
     assert covered == set(_folders()) - {EXTENDED_RESOURCE}
+
+
+@pytest.mark.parametrize("folder", sorted(FLAGS))
+def test_the_shares_of_a_folder_fit_on_one_gpu_together(folder, tmp_path):
+    """Every pod's claim allocated after the others' (as the scheduler would, one by one):
+    all land on gpu-0-shared, each with its own shareID, and the consumed amounts add up
+    within the H100."""
+    from gpudra.controller.slices import build_slices
+    from gpudra.driver.device_model import ModelOptions, build_devices
+    from gpudra.driver.gpu_shares import ALL
+    from gpudra.driver.inventory import read_inventory, simulated_pcie_root
+    from gpudra.driver.nvml import open_nvml
+    from gpudra.scheduling.allocator import Allocator
+
+    objects = folder_objects(EXAMPLES / folder)
+    templates = {o["metadata"]["name"]: o["spec"] for o in objects
+                 if o["kind"] == "ResourceClaimTemplate"}
+    classes = [o for o in objects if o["kind"] == "DeviceClass"]
+    nvml = open_nvml(simulate="dgx-h100", sim_state=tmp_path)
+    try:
+        inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
+    finally:
+        nvml.shutdown()
+    slices = build_slices(build_devices(inventory, ModelOptions(shareable=ALL)),
+                          driver="gpu.nvidia.com", node_name="node-a")
+    taken: list[dict[str, Any]] = []
+    memory = 0
+    for pod in (o for o in objects if o["kind"] == "Pod"):
+        (entry,) = pod["spec"]["resourceClaims"]
+        claim = {"metadata": {"name": pod["metadata"]["name"], "namespace": "default"},
+                 **templates[entry["resourceClaimTemplateName"]]}
+        allocation = Allocator(slices, classes, taken).allocate(claim, "node-a")
+        assert allocation.allocatable, allocation.blocking
+        (result,) = allocation.results[0]["devices"]["results"]
+        assert result["device"] == "gpu-0-shared" and result["shareID"]
+        memory += int(result["consumedCapacity"]["memory"].removesuffix("Gi"))
+        taken += allocation.results
+    ids = [r["shareID"] for a in taken for r in a["devices"]["results"]]
+    assert len(set(ids)) == len(ids) >= 2
+    assert memory * 1024 <= 81559  # MiB of an H100 80GB

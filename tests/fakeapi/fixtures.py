@@ -4,7 +4,9 @@
 
 * ``fake_api``: a started ``FakeApiServer``, shut down (threads joined) after the test;
 * ``k8s_client``: a sync ``kubernetes.client.ApiClient`` pointing at it, closed afterwards;
-* ``aio_k8s_client``: the same for ``kubernetes.aio`` (an async fixture).
+* ``aio_k8s_client``: the same for ``kubernetes.aio`` (an async fixture);
+* ``api_session``: our own :class:`~gpudra.kube.session.ApiSession` to it (what the daemon
+  uses), closed afterwards.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import kubernetes.client
 import pytest
 import pytest_asyncio
 
+from gpudra.kube.session import ApiSession
 from gpudra.testing.fakeapi.server import FakeApiServer
 
 
@@ -43,3 +46,9 @@ async def aio_k8s_client(
         yield client
     finally:
         await client.close()  # type: ignore[no-untyped-call]
+
+
+@pytest_asyncio.fixture
+async def api_session(fake_api: FakeApiServer) -> AsyncIterator[ApiSession]:
+    async with ApiSession.for_url(fake_api.url) as session:
+        yield session

@@ -1,3 +1,3 @@
 """Integration fixtures: the test API server over real HTTP."""
 
-from tests.fakeapi.fixtures import aio_k8s_client, fake_api, k8s_client  # noqa: F401
+from tests.fakeapi.fixtures import aio_k8s_client, api_session, fake_api, k8s_client  # noqa: F401

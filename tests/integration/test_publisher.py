@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes.aio.client as aio_k8s
+import aiohttp
 import pytest
 import structlog
 from prometheus_client import REGISTRY
@@ -36,6 +36,7 @@ from gpudra.driver.devices import Device, NodeDevices, Taint
 from gpudra.driver.inventory import NodeInventory, read_inventory, simulated_pcie_root
 from gpudra.driver.nvml import open_nvml
 from gpudra.kube.backoff import Backoff
+from gpudra.kube.session import ApiSession
 from gpudra.testing.fakeapi import FakeApiServer
 from gpudra.testing.fakeapi.samples import node as node_object
 
@@ -145,21 +146,25 @@ def without_gpu(devices: NodeDevices, group: str) -> NodeDevices:
         counter_sets=tuple(c for c in devices.counter_sets if not c.name.startswith(f"{group}-")))
 
 
-async def wipe(client: aio_k8s.ApiClient) -> None:
+async def wipe(session: ApiSession) -> None:
     """What the kubelet does when it starts: delete every slice of the node at once."""
-    await aio_k8s.ResourceV1Api(client).delete_collection_resource_slice(
-        field_selector=f"spec.nodeName={NODE}")
+    response = await session.request(
+        "DELETE", "/apis/resource.k8s.io/v1/resourceslices",
+        query=[("fieldSelector", f"spec.nodeName={NODE}")],
+        client_timeout=aiohttp.ClientTimeout(total=10))
+    async with response:
+        assert response.status == 200, await response.text()
 
 
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def publisher(client: aio_k8s.ApiClient, **kwargs: Any) -> SlicePublisher:
+def publisher(client: ApiSession, **kwargs: Any) -> SlicePublisher:
     return SlicePublisher(client, driver=DRIVER, node_name=NODE, **kwargs)
 
 
-def fast_publisher(client: aio_k8s.ApiClient, devices: NodeDevices,
+def fast_publisher(client: ApiSession, devices: NodeDevices,
                    **kwargs: Any) -> SlicePublisher:
     """A publisher with short back-off and resync delays, already given ``devices``."""
     pub = publisher(client, backoff=fast_backoff(), **FAST, **kwargs)
@@ -168,13 +173,13 @@ def fast_publisher(client: aio_k8s.ApiClient, devices: NodeDevices,
 
 
 @pytest.fixture
-def pub(gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient) -> SlicePublisher:
+def pub(gpus: NodeDevices, api_session: ApiSession) -> SlicePublisher:
     """The publisher most tests run: the 8 full GPUs, short back-off and resync delays.
 
     It talks to the API server only once a test runs it, so faults set up in the test body
     are in place before its first request.
     """
-    return fast_publisher(aio_k8s_client, gpus)
+    return fast_publisher(api_session, gpus)
 
 
 # --- cold start -----------------------------------------------------------------------------
@@ -182,10 +187,10 @@ def pub(gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient) -> SlicePublisher:
 
 @pytest.mark.parametrize("dynamic_mig", [True, False], ids=["dynamic-mig", "full-gpus"])
 async def test_cold_start_publishes_a_complete_valid_pool_owned_by_the_node(
-        dynamic_mig: bool, inventory: NodeInventory, aio_k8s_client: aio_k8s.ApiClient,
+        dynamic_mig: bool, inventory: NodeInventory, api_session: ApiSession,
         fake_api: FakeApiServer, node_uid: str) -> None:
     devices = build_devices(inventory, ModelOptions(dynamic_mig=dynamic_mig))
-    pub = publisher(aio_k8s_client)
+    pub = publisher(api_session)
     pub.update(devices)
     creates_before = metric("gpudra_api_calls_total", verb="create", resource=SLICES,
                             outcome="ok")
@@ -228,9 +233,9 @@ async def test_the_node_is_waited_for_when_it_does_not_exist_yet(
 
 
 async def test_a_kubelet_wipe_is_repaired_within_two_seconds(
-        devices: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        devices: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
-    pub = publisher(aio_k8s_client)  # the default resync delay, as in the daemon
+    pub = publisher(api_session)  # the default resync delay, as in the daemon
     pub.update(devices)
 
     async with running(pub):
@@ -238,7 +243,7 @@ async def test_a_kubelet_wipe_is_repaired_within_two_seconds(
         fake_api.reset_calls()
 
         start = time.monotonic()
-        await wipe(aio_k8s_client)
+        await wipe(api_session)
         assert stored(fake_api) == []
         # Poll cheaply: comparing the whole pool every few ms would starve the publisher.
         await eventually(lambda: fake_api.calls["create", SLICES] >= 9, within=5)
@@ -256,9 +261,9 @@ async def test_a_kubelet_wipe_is_repaired_within_two_seconds(
 
 
 async def test_a_taint_on_one_gpu_rewrites_only_that_gpus_slice(
-        devices: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        devices: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
-    pub = publisher(aio_k8s_client, **FAST)
+    pub = publisher(api_session, **FAST)
     pub.update(devices)
 
     async with running(pub):
@@ -281,10 +286,10 @@ async def test_a_taint_on_one_gpu_rewrites_only_that_gpus_slice(
 
 
 async def test_a_dropped_gpu_deletes_its_slice_and_moves_the_pool_generation(
-        inventory: NodeInventory, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        inventory: NodeInventory, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
     devices = build_devices(inventory, ModelOptions(dynamic_mig=False))
-    pub = publisher(aio_k8s_client, **FAST)
+    pub = publisher(api_session, **FAST)
     pub.update(devices)
 
     async with running(pub):
@@ -308,7 +313,7 @@ async def test_a_dropped_gpu_deletes_its_slice_and_moves_the_pool_generation(
 
 
 async def _assert_no_writes_while_running(seconds: float, devices: NodeDevices,
-                                          client: aio_k8s.ApiClient,
+                                          client: ApiSession,
                                           api: FakeApiServer) -> None:
     pub = publisher(client, **FAST)
     pub.update(devices)
@@ -325,18 +330,18 @@ async def _assert_no_writes_while_running(seconds: float, devices: NodeDevices,
 
 
 async def test_a_steady_state_costs_no_writes(
-        devices: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        devices: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
-    await _assert_no_writes_while_running(3.0, devices, aio_k8s_client, fake_api)
+    await _assert_no_writes_while_running(3.0, devices, api_session, fake_api)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("GPUDRA_SLOW_TESTS") != "1",
                     reason="a minute long; set GPUDRA_SLOW_TESTS=1")
 async def test_a_steady_state_costs_no_writes_for_a_minute(
-        devices: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        devices: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
-    await _assert_no_writes_while_running(60.0, devices, aio_k8s_client, fake_api)
+    await _assert_no_writes_while_running(60.0, devices, api_session, fake_api)
 
 
 # --- faults ---------------------------------------------------------------------------------
@@ -404,11 +409,11 @@ async def test_a_real_conflict_with_another_writer_converges(
 
 
 async def test_answers_slower_than_the_request_timeout_are_retried(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
     # The server still creates the slices after we gave up: a retry may meet 409 AlreadyExists.
     fake_api.delay(1.0, verb="create", count=2)
-    pub = fast_publisher(aio_k8s_client, gpus, request_timeout=0.3)
+    pub = fast_publisher(api_session, gpus, request_timeout=0.3)
 
     with structlog.testing.capture_logs() as logs:
         async with running(pub):
@@ -430,7 +435,7 @@ async def test_dropped_connections_are_retried(
 
 
 async def test_closed_watches_are_resumed_without_missing_events(
-        gpus: NodeDevices, pub: SlicePublisher, aio_k8s_client: aio_k8s.ApiClient,
+        gpus: NodeDevices, pub: SlicePublisher, api_session: ApiSession,
         fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
@@ -440,7 +445,7 @@ async def test_closed_watches_are_resumed_without_missing_events(
             opened = pub.stats()["watches"]
             fake_api.close_watches()
             await eventually(lambda: pub.stats()["watches"] > opened)  # noqa: B023
-        await wipe(aio_k8s_client)
+        await wipe(api_session)
         await eventually(lambda: pool_matches(fake_api, gpus, node_uid), within=3)
 
         assert pub.stats()["lists"] == 1  # resumed from the last resourceVersion every time
@@ -449,7 +454,7 @@ async def test_closed_watches_are_resumed_without_missing_events(
 
 
 async def test_an_expired_watch_lists_again(
-        gpus: NodeDevices, pub: SlicePublisher, aio_k8s_client: aio_k8s.ApiClient,
+        gpus: NodeDevices, pub: SlicePublisher, api_session: ApiSession,
         fake_api: FakeApiServer, node_uid: str) -> None:
     async with running(pub):
         await asyncio.wait_for(pub.synced.wait(), 5)
@@ -460,7 +465,7 @@ async def test_an_expired_watch_lists_again(
         await asyncio.sleep(0.3)
         assert fake_api.writes() == 0  # the fresh list matches: nothing to write
 
-        await wipe(aio_k8s_client)
+        await wipe(api_session)
         await eventually(lambda: pool_matches(fake_api, gpus, node_uid), within=3)
 
 
@@ -476,7 +481,7 @@ async def test_a_restarted_server_is_caught_up_with(
     server = FakeApiServer(port=_free_port()).start()
     try:
         uid = server.put(node_object(NODE))["metadata"]["uid"]
-        async with aio_k8s.ApiClient(server.aio_configuration()) as client:
+        async with ApiSession.for_url(server.url) as client:
             pub = fast_publisher(client, gpus)
             async with running(pub):
                 await asyncio.wait_for(pub.synced.wait(), 5)
@@ -511,14 +516,14 @@ def _reopen(server: FakeApiServer) -> None:
 
 
 async def test_a_slice_the_server_rejects_is_not_retried_hot(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
     def break_gpu_3(obj: dict[str, Any]) -> None:
         if obj["metadata"]["name"].endswith("-gpu-3"):
             obj["spec"]["devices"][0]["name"] = "Not_A_DNS_Label"
 
     fake_api.mutate_writes("ResourceSlice", break_gpu_3)
-    pub = publisher(aio_k8s_client, **FAST)  # the default back-off: its cap is what matters
+    pub = publisher(api_session, **FAST)  # the default back-off: its cap is what matters
     pub.update(gpus)
 
     with structlog.testing.capture_logs() as logs:
@@ -545,11 +550,11 @@ async def test_a_slice_the_server_rejects_is_not_retried_hot(
 
 
 async def test_a_locally_invalid_pool_is_not_sent_at_all(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
     broken = dataclasses.replace(gpus, devices=(
         dataclasses.replace(gpus.devices[0], name="GPU_0"), *gpus.devices[1:]))
-    pub = publisher(aio_k8s_client, **FAST)
+    pub = publisher(api_session, **FAST)
     pub.update(broken)
 
     with structlog.testing.capture_logs() as logs:
@@ -564,7 +569,7 @@ async def test_a_locally_invalid_pool_is_not_sent_at_all(
 
 
 async def test_fields_the_server_drops_are_adopted_not_rewritten_forever(
-        gpus: NodeDevices, aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer,
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
     def drop_taints(obj: dict[str, Any]) -> None:  # as with DRADeviceTaints disabled
         for device in obj["spec"].get("devices") or []:
@@ -572,7 +577,7 @@ async def test_fields_the_server_drops_are_adopted_not_rewritten_forever(
 
     fake_api.mutate_writes("ResourceSlice", drop_taints)
     tainted = with_taint(gpus, "gpu-4", Taint("example.com/t", "", "NoSchedule"))
-    pub = publisher(aio_k8s_client, **FAST)
+    pub = publisher(api_session, **FAST)
     pub.update(tainted)
 
     async with running(pub):

@@ -92,8 +92,8 @@ def kubeconfig(path: Path, *, server: str = "https://127.0.0.1:6443", ca: str = 
     (lambda p: (p.write_text("- a list\n"), p)[1], "not a kubeconfig"),
     (lambda p: kubeconfig(p, current=""), "no current-context"),
     (lambda p: kubeconfig(p, current="current-context: prod"),
-     "context 'prod' is not in contexts (known: test)"),
-    (lambda p: kubeconfig(p, cluster="gone"), "cluster 'gone' is not in clusters (known: fake)"),
+     "current-context prod: no such context in {path} (contexts: test)"),
+    (lambda p: kubeconfig(p, cluster="gone"), "context test: cluster 'gone' is not in {path}"),
     (lambda p: kubeconfig(p, username="nobody"), "user 'nobody' is not in users (known: test)"),
     (lambda p: kubeconfig(p, ca=", certificate-authority: ca.pem"),
      "cluster 'fake': certificate-authority {dir}/ca.pem: No such file or directory"),
@@ -108,7 +108,7 @@ def test_a_bad_kubeconfig_fails_before_the_kubelet_sockets_are_served(node, writ
     path = write(daemon.base / "bad-kubeconfig")
     daemon.extra_args = ["--kubeconfig", str(path)]
     assert_one_fatal_json_line(
-        daemon, f"--kubeconfig {path}: " + message.format(dir=daemon.base.resolve()))
+        daemon, f"--kubeconfig {path}: " + message.format(dir=daemon.base.resolve(), path=path))
 
 
 def test_no_kubeconfig_outside_a_cluster_fails_before_the_sockets_are_served(node):
@@ -187,5 +187,5 @@ def test_the_first_log_line_names_the_version_and_the_feature_gates(node):
     assert first["version"] == metadata.version("gpudra")
     assert first["feature_gates"] == {"DynamicMIG": True, "TimeSlicingSettings": True,
                                       "MPSSupport": False, "ComputeModeSettings": True,
-                                      "DeviceHealthCheck": True}
+                                      "DeviceHealthCheck": True, "ConsumableCapacity": True}
     assert daemon.stop() == 0

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import kubernetes.aio.client as aio_k8s
+from gpudra.kube.session import ApiSession
 
 
 @contextlib.asynccontextmanager
@@ -36,11 +36,10 @@ async def canned_answer(answer: bytes) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def client_of(answer: bytes) -> AsyncIterator[aio_k8s.ApiClient]:
-    """A ``kubernetes.aio`` client of a fresh ``canned_answer`` server."""
-    async with canned_answer(answer) as url, \
-            aio_k8s.ApiClient(aio_k8s.Configuration(host=url)) as client:
-        yield client
+async def client_of(answer: bytes) -> AsyncIterator[ApiSession]:
+    """An API session to a fresh ``canned_answer`` server."""
+    async with canned_answer(answer) as url, ApiSession.for_url(url) as session:
+        yield session
 
 
 def http_answer(body: bytes, *, length: int | None = None, status: str = "200 OK") -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import kubernetes.aio.client as aio_k8s
 import pytest
 from prometheus_client import REGISTRY
 
@@ -25,6 +24,7 @@ from gpudra.kube.errors import (
     api_error,
 )
 from gpudra.kube.raw_api import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, RawApi
+from gpudra.kube.session import ApiSession
 from gpudra.testing.fakeapi import samples
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.kube.stalling_server import client_of, http_answer
@@ -39,8 +39,8 @@ def calls(verb: str, resource: str, outcome: str) -> float:
 
 
 @pytest.fixture
-def api(aio_k8s_client: aio_k8s.ApiClient) -> RawApi:
-    return RawApi(aio_k8s_client, timeout=2.0)
+def api(api_session: ApiSession) -> RawApi:
+    return RawApi(api_session, timeout=2.0)
 
 
 @pytest.mark.parametrize(("status", "kind"), [
@@ -132,9 +132,9 @@ async def test_a_dropped_connection_is_unreachable(api: RawApi, fake_api: FakeAp
 
 
 async def test_a_slow_server_is_unreachable_within_the_deadline(
-        aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer):
+        api_session: ApiSession, fake_api: FakeApiServer):
     fake_api.delay(2.0, verb="get")
-    api = RawApi(aio_k8s_client, timeout=0.3)
+    api = RawApi(api_session, timeout=0.3)
     before = calls("get", "nodes", "timeout")
     started = time.monotonic()
     with pytest.raises(Unreachable) as caught:

@@ -10,15 +10,17 @@ import pytest
 import yaml
 from kubernetes.client import CoreV1Api
 
+from gpudra.kube.connection import connection_settings
 from gpudra.kube.kubeconfig import (
     ClusterAccess,
     KubeconfigError,
     api_client,
-    async_api_client,
     config_files,
     merge,
     resolve,
 )
+from gpudra.kube.raw_api import NODES, RawApi
+from gpudra.kube.session import ApiSession
 from gpudra.testing.fakeapi import FakeApiServer
 
 
@@ -246,11 +248,10 @@ def test_clients_reach_the_server_of_the_chosen_context(tmp_path, home):
 async def test_async_client_for_the_node_daemon(tmp_path, home):
     with FakeApiServer() as api:
         path = kubeconfig(tmp_path / "cfg", current="ctx", server=api.url)
-        client = await async_api_client(resolve(path, environ=env(), home=home))
-        try:
-            assert client.configuration.host == api.url
-        finally:
-            await client.close()
+        connection = connection_settings(resolve(path, environ=env(), home=home))
+        assert connection.server == api.url
+        async with ApiSession(connection) as session:
+            assert (await RawApi(session).list(NODES))["kind"] == "NodeList"
 
 
 def test_client_errors_name_the_context(tmp_path, home):

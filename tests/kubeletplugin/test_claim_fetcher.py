@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import time
 
-import kubernetes.aio.client as aio_k8s
 import pytest
 from prometheus_client import REGISTRY
 
 from gpudra.driver.claims import ClaimError
 from gpudra.driver.metrics import error_reason
 from gpudra.kube.errors import ApiCallError
+from gpudra.kube.session import ApiSession
 from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher, ClaimFetchError
 from gpudra.testing.fakeapi import samples
 from gpudra.testing.fakeapi.server import FakeApiServer
-from tests.fakeapi.fixtures import aio_k8s_client, fake_api  # noqa: F401
+from tests.fakeapi.fixtures import api_session, fake_api  # noqa: F401
 from tests.kube.stalling_server import client_of, http_answer
 
 UID = "00000000-0000-4000-8000-0000000000aa"
@@ -31,8 +31,8 @@ def claim_gets(outcome: str) -> float:
 
 
 @pytest.fixture
-def fetcher(aio_k8s_client: aio_k8s.ApiClient) -> ClaimFetcher:  # noqa: F811
-    return ClaimFetcher(aio_k8s_client, timeout=2.0)
+def fetcher(api_session: ApiSession) -> ClaimFetcher:  # noqa: F811
+    return ClaimFetcher(api_session, timeout=2.0)
 
 
 async def test_a_claim_arrives_as_raw_json_and_the_get_is_counted(
@@ -87,13 +87,13 @@ async def test_no_answer_says_the_api_server_cannot_be_reached(
 
 
 async def test_slow_headers_end_at_the_deadline(
-        aio_k8s_client: aio_k8s.ApiClient, fake_api: FakeApiServer):  # noqa: F811
+        api_session: ApiSession, fake_api: FakeApiServer):  # noqa: F811
     fake_api.put(samples.claim("c1"))
     fake_api.delay(2.0, verb="get", resource="resourceclaims")
     before = claim_gets("timeout")
     started = time.monotonic()
     with pytest.raises(ClaimFetchError) as caught:
-        await ClaimFetcher(aio_k8s_client, timeout=0.3).fetch("default", "c1", UID)
+        await ClaimFetcher(api_session, timeout=0.3).fetch("default", "c1", UID)
     assert time.monotonic() - started < 1.5
     assert str(caught.value) == (
         f"claim default/c1:{UID}: cannot reach the API server: no answer within 0.3s")

@@ -24,6 +24,7 @@ from gpudra.driver.device_model import (
     build_devices,
 )
 from gpudra.driver.devices import Device
+from gpudra.driver.gpu_shares import ALL
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
 from gpudra.driver.nvml import open_nvml
 from gpudra.scheduling.catalog import (
@@ -42,7 +43,8 @@ _MEMORY_SLICE = re.compile(rf"^{MEMORY_SLICE_CAPACITY}\d+$")
 
 @pytest.fixture(scope="module")
 def devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Device]]:
-    """Every device of every simulated profile, with and without dynamic MIG."""
+    """Every device of every simulated profile, with and without dynamic MIG, every GPU
+    shareable (so shared devices appear too)."""
     built: list[Device] = []
     for profile in sim.node_profiles():
         for dynamic_mig in (True, False):
@@ -52,7 +54,8 @@ def devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Device]]:
                 inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
             finally:
                 nvml.shutdown()
-            built += build_devices(inventory, ModelOptions(dynamic_mig=dynamic_mig)).devices
+            built += build_devices(inventory, ModelOptions(dynamic_mig=dynamic_mig,
+                                                           shareable=ALL)).devices
     yield built
     sim.uninstall()
 
@@ -69,7 +72,7 @@ def split(qualified: str) -> tuple[str, str]:
 
 def test_the_profiles_cover_every_device_kind(devices):
     kinds = {d.type for d in devices}
-    assert kinds == set(PUBLISHED_ATTRIBUTES) == {"gpu", "mig"}
+    assert kinds == set(PUBLISHED_ATTRIBUTES) == {"gpu", "mig", "gpu-share"}
     assert any(_MEMORY_SLICE.match(c) for d in devices for c in d.capacity), "no static MIG"
 
 

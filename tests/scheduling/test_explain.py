@@ -141,11 +141,12 @@ def test_fits_on_some_nodes_only():
 
 
 def test_default_classes_follow_the_driver_name():
-    (gpu, mig_class) = default_device_classes("gpu.example.com")
+    (gpu, mig_class, share_class) = default_device_classes("gpu.example.com")
     assert gpu["spec"]["selectors"][0]["cel"]["expression"] == (
         "device.driver == 'gpu.example.com' && "
         "device.attributes['gpu.example.com'].type == 'gpu'")
     assert mig_class["metadata"]["name"] == "mig.nvidia.com"
+    assert share_class["metadata"]["name"] == "gpu-share.nvidia.com"
 
 
 def test_first_available_states_are_shown():

@@ -237,3 +237,31 @@ def test_templates_and_pods():
 def test_lists_are_flattened():
     docs = [None, {"kind": "List", "items": [claim(request("a")), claim(request("b"))]}]
     assert len(list(objects(docs))) == 2
+
+
+def test_capacity_requests_are_checked_against_the_class_and_the_shared_policies():
+    def claim_with(device_class: str, **requests: str) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": device_class,
+                    "capacity": {"requests": requests}}}]}}}
+
+    def messages(obj: dict[str, Any]) -> list[str]:
+        return [f"{p.path}: {p.message}" for p in validate_object(obj, driver="gpu.nvidia.com")]
+
+    assert messages(claim_with("gpu-share.nvidia.com", memory="20Gi", multiprocessors="33",
+                               shares="1")) == []
+    path = "spec.devices.requests[0].exactly.capacity.requests"
+    (bandwidth,) = messages(claim_with("gpu-share.nvidia.com", bandwidth="1"))
+    assert bandwidth.startswith(f"{path}[bandwidth]: Invalid value: 'bandwidth': shared GPUs "
+                                "publish no such capacity (they publish memory, "
+                                "multiprocessors, shares)")
+    (shares,) = messages(claim_with("gpu-share.nvidia.com", shares="17"))
+    assert shares == f"{path}[shares]: Invalid value: 17: a shared GPU has 16 shares"
+    (half,) = messages(claim_with("gpu-share.nvidia.com", multiprocessors="0.5"))
+    assert "whole units of at least 1" in half
+    (whole,) = messages(claim_with("gpu.nvidia.com", memory="40Gi"))
+    assert "hands out whole devices" in whole and "gpu-share.nvidia.com" in whole
+    (unknown,) = messages(claim_with("gpu.nvidia.com", bandwidth="1"))
+    assert "publishes no such capacity" in unknown

@@ -1,0 +1,259 @@
+"""Our own API session: credentials from a kubeconfig (token, token file re-read as it
+rotates, exec plugin, basic auth), in-cluster settings, TLS, and the errors that name the
+field; over real HTTP(S) to a small server that records what it was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpudra.kube.connection import Connection, connection_settings, in_cluster
+from gpudra.kube.kubeconfig import KubeconfigError, resolve
+from gpudra.kube.raw_api import NODES, RawApi
+from gpudra.kube.session import ApiSession
+
+NODE_LIST = b'{"kind": "NodeList", "apiVersion": "v1", "items": []}'
+
+
+@contextlib.asynccontextmanager
+async def recording_server(tls: ssl.SSLContext | None = None,
+                           ) -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
+    """An HTTP(S) server answering every request with an empty NodeList; yields its URL and
+    the headers of each request it got (lower-case names)."""
+    seen: list[dict[str, str]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode().split("\r\n")[1:]
+            seen.append({k.strip().lower(): v.strip()
+                         for k, _, v in (line.partition(":") for line in lines if line)})
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(NODE_LIST), NODE_LIST))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def write_kubeconfig(path: Path, server: str, user: dict[str, Any],
+                     cluster: dict[str, Any] | None = None) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "ctx",
+        "clusters": [{"name": "c", "cluster": {"server": server, **(cluster or {})}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+def settings(path: Path) -> Connection:
+    return connection_settings(resolve(path, environ={}, home=path.parent))
+
+
+async def list_nodes(connection: Connection) -> None:
+    async with ApiSession(connection) as session:
+        assert (await RawApi(session, timeout=5).list(NODES))["kind"] == "NodeList"
+
+
+async def test_a_static_token_is_sent_as_bearer(tmp_path):
+    async with recording_server() as (url, seen):
+        await list_nodes(settings(write_kubeconfig(tmp_path / "cfg", url, {"token": "abc"})))
+    assert seen[0]["authorization"] == "Bearer abc"
+
+
+async def test_a_token_file_is_read_again_when_it_changes(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    async with recording_server() as (url, seen):
+        connection = settings(write_kubeconfig(tmp_path / "cfg", url,
+                                               {"tokenFile": "token"}))
+        assert connection.token_file == token  # relative to the kubeconfig
+        async with ApiSession(connection) as session:
+            api = RawApi(session, timeout=5)
+            await api.list(NODES)
+            token.write_text("rotated\n")
+            stamp = token.stat().st_mtime_ns + 1_000_000_000  # a coarse clock cannot hide it
+            os.utime(token, ns=(stamp, stamp))
+            await api.list(NODES)
+    assert [h["authorization"] for h in seen] == ["Bearer first", "Bearer rotated"]
+
+
+async def test_user_name_and_password_are_basic_auth(tmp_path):
+    async with recording_server() as (url, seen):
+        await list_nodes(settings(write_kubeconfig(
+            tmp_path / "cfg", url, {"username": "admin", "password": "s3cret"})))
+    assert seen[0]["authorization"] == "Basic " + base64.b64encode(b"admin:s3cret").decode()
+
+
+def exec_plugin(tmp_path: Path, status: dict[str, Any], *, exit_code: int = 0) -> dict[str, Any]:
+    """An exec credential plugin (a Python script) that counts its runs in ``runs``."""
+    script = tmp_path / "plugin.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        with open({str(tmp_path / 'runs')!r}, "a") as f:
+            f.write(os.environ["KUBERNETES_EXEC_INFO"] + "\\n")
+        print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1",
+                           "kind": "ExecCredential", "status": {status!r}}}))
+        sys.stderr.write("plugin says no\\n")
+        sys.exit({exit_code})
+    """))
+    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
+                     "args": [str(script)], "env": [{"name": "X", "value": "1"}],
+                     "provideClusterInfo": True, "interactiveMode": "Never"}}
+
+
+async def test_an_exec_plugin_gives_the_token_and_runs_again_when_it_expires(tmp_path):
+    user = exec_plugin(tmp_path, {"token": "from-exec",
+                                  "expirationTimestamp": "2000-01-01T00:00:00Z"})
+    async with recording_server() as (url, seen):
+        connection = settings(write_kubeconfig(tmp_path / "cfg", url, user))
+        async with ApiSession(connection) as session:
+            api = RawApi(session, timeout=5)
+            await api.list(NODES)
+            await api.list(NODES)
+    assert [h["authorization"] for h in seen] == ["Bearer from-exec"] * 2
+    runs = (tmp_path / "runs").read_text().splitlines()
+    assert len(runs) == 2  # long expired: fetched again before the second request
+    request = json.loads(runs[0])
+    assert request["kind"] == "ExecCredential"
+    assert request["spec"]["cluster"]["server"] == url
+
+
+async def test_an_unexpired_exec_credential_is_reused(tmp_path):
+    user = exec_plugin(tmp_path, {"token": "t"})
+    async with recording_server() as (url, _):
+        connection = settings(write_kubeconfig(tmp_path / "cfg", url, user))
+        async with ApiSession(connection) as session:
+            api = RawApi(session, timeout=5)
+            await api.list(NODES)
+            await api.list(NODES)
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+
+
+async def test_a_failing_exec_plugin_is_one_line_naming_it(tmp_path):
+    user = exec_plugin(tmp_path, {"token": "t"}, exit_code=3)
+    connection = settings(write_kubeconfig(tmp_path / "cfg", "http://127.0.0.1:1", user))
+    with pytest.raises(KubeconfigError,
+                       match=rf"^exec plugin {sys.executable}: exit status 3: plugin says no$"):
+        await list_nodes(connection)
+
+
+@pytest.mark.parametrize(("user", "message"), [
+    ({"auth-provider": {"name": "gcp"}}, "user 'u': auth-provider 'gcp' is not supported"),
+    ({"exec": {"apiVersion": "client.authentication.k8s.io/v1alpha1", "command": "x"}},
+     "user 'u': exec: apiVersion 'client.authentication.k8s.io/v1alpha1' is not supported"),
+    ({"exec": {"apiVersion": "client.authentication.k8s.io/v1"}}, "user 'u': exec: no command"),
+    ({"client-certificate-data": base64.b64encode(b"x").decode()},
+     "user 'u': client-certificate and client-key go together"),
+    ({"tokenFile": "missing"}, "user 'u': tokenFile {dir}/missing: No such file or directory"),
+], ids=["auth-provider", "exec-version", "exec-command", "cert-without-key", "token-file"])
+def test_unusable_users_are_named(tmp_path, user, message):
+    path = write_kubeconfig(tmp_path / "cfg", "https://127.0.0.1:6443", user)
+    with pytest.raises(KubeconfigError) as error:
+        settings(path)
+    assert str(error.value).startswith(message.format(dir=tmp_path))
+
+
+def test_a_user_the_context_names_must_exist(tmp_path):
+    path = write_kubeconfig(tmp_path / "cfg", "https://127.0.0.1:6443", {})
+    document = yaml.safe_load(path.read_text())
+    document["users"] = []
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(KubeconfigError, match=r"^user 'u' is not in users \(known: none\)$"):
+        settings(path)
+
+
+def test_in_cluster_settings_come_from_the_environment_and_the_service_account(tmp_path):
+    (tmp_path / "token").write_text("pod-token")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    connection = in_cluster(env, tmp_path)
+    assert connection.server == "https://[fd00::1]:443"
+    assert connection.token_file == tmp_path / "token"
+    assert connection.ca_pem == "-----BEGIN CERTIFICATE-----\n"
+    (tmp_path / "token").write_text("")
+    with pytest.raises(KubeconfigError, match=r"service account .*/token: empty\)$"):
+        in_cluster(env, tmp_path)
+    with pytest.raises(KubeconfigError, match=r"\(KUBERNETES_SERVICE_PORT is not set\)$"):
+        in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, tmp_path)
+
+
+# --- TLS (a self-signed certificate made with the openssl command, when there is one) -----
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def test_the_server_is_checked_against_the_kubeconfig_ca(tmp_path, certificate):
+    cert, key = certificate
+    async with recording_server(server_tls(cert, key)) as (url, seen):
+        ca_data = base64.b64encode(cert.read_bytes()).decode()
+        await list_nodes(settings(write_kubeconfig(
+            tmp_path / "cfg", url, {"token": "t"}, {"certificate-authority-data": ca_data})))
+        # A client certificate from inline data loads (the server does not ask for it).
+        key_data = base64.b64encode(key.read_bytes()).decode()
+        await list_nodes(settings(write_kubeconfig(
+            tmp_path / "cfg2", url, {"client-certificate-data": ca_data,
+                                     "client-key-data": key_data},
+            {"certificate-authority": str(cert)})))
+        # Without the CA the server is refused; insecure-skip-tls-verify accepts it.
+        with pytest.raises(Exception, match="certificate verify failed"):
+            await list_nodes(settings(write_kubeconfig(tmp_path / "cfg3", url, {})))
+        await list_nodes(settings(write_kubeconfig(
+            tmp_path / "cfg4", url, {}, {"insecure-skip-tls-verify": True})))
+    assert len(seen) == 3
+
+
+# --- the daemon's import graph ---------------------------------------------------------------
+
+def test_the_node_daemon_never_imports_the_kubernetes_package():
+    """~50 MB and half a second: the daemon talks to the API server through gpudra.kube."""
+    code = textwrap.dedent("""
+        import sys
+        import gpudra.cli.main, gpudra.cli.node_cmd, gpudra.kubeletplugin.daemon
+        from gpudra.kubeletplugin import daemon
+        daemon._import_client_modules()  # what it loads once registered
+        import gpudra.kube.session, gpudra.kube.credentials
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "kubernetes"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "[]"
