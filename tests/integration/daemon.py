@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,17 @@ def claim_object(
         }, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
     return obj
+
+
+@contextlib.contextmanager
+def node_daemon(api: Any, **kwargs: Any) -> Iterator[Daemon]:
+    """A (not yet started) ``Daemon`` on the test API server ``api``, whose Node object it
+    creates; stopped and its directories removed afterwards."""
+    daemon = Daemon(api.url, **kwargs)
+    api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": daemon.node}})
+    try:
+        yield daemon
+    finally:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop()
+        shutil.rmtree(daemon.base, ignore_errors=True)

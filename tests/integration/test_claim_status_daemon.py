@@ -4,7 +4,6 @@ unix sockets, the test API server over real HTTP (its validation of ``status.dev
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -15,7 +14,7 @@ from gpudra.api.claims import ClaimRef
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.daemon import DRIVER, Daemon, claim_object, node_daemon
 
 GV = "resource.nvidia.com/v1beta1"
 POD_UID = "11111111-2222-4333-8444-555555555555"
@@ -23,12 +22,9 @@ POD_UID = "11111111-2222-4333-8444-555555555555"
 
 @pytest.fixture
 def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
-    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-    d = Daemon(fake_api.url, extra_args=("--usage-interval", "100ms", "--idle-after", "1s"))
-    yield d
-    if d.process is not None and d.process.poll() is None:
-        d.stop()
-    shutil.rmtree(d.base, ignore_errors=True)
+    with node_daemon(fake_api, extra_args=("--usage-interval", "100ms",
+                                           "--idle-after", "1s")) as d:
+        yield d
 
 
 @pytest.fixture

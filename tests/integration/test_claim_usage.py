@@ -16,7 +16,7 @@ from gpudra.cli.main import main
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import Daemon, claim_object, free_port, http_get
+from tests.integration.daemon import Daemon, claim_object, free_port, http_get, node_daemon
 
 GIB = 2**30
 Sample = dict[str, str]
@@ -24,15 +24,12 @@ Sample = dict[str, str]
 
 @pytest.fixture
 def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
-    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-    d = Daemon(fake_api.url)
-    d.port = free_port()  # type: ignore[attr-defined]
-    d.extra_args = ("--http-address", f"127.0.0.1:{d.port}",  # type: ignore[attr-defined]
-                    "--usage-interval", "100ms", "--idle-after", "1s")
-    yield d
-    if d.process is not None and d.process.poll() is None:
-        d.stop()
-    shutil.rmtree(d.base, ignore_errors=True)
+    port = free_port()
+    with node_daemon(fake_api, extra_args=("--http-address", f"127.0.0.1:{port}",
+                                           "--usage-interval", "100ms",
+                                           "--idle-after", "1s")) as d:
+        d.port = port  # type: ignore[attr-defined]
+        yield d
 
 
 @pytest.fixture

@@ -13,19 +13,15 @@ from gpudra.api.claims import ClaimRef
 from gpudra.cli.node_cmd import FATAL_EVENT
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.daemon import DRIVER, Daemon, claim_object, node_daemon
 
 GV = "resource.nvidia.com/v1beta1"
 
 
 @pytest.fixture
 def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
-    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-    d = Daemon(fake_api.url)
-    yield d
-    if d.process is not None and d.process.poll() is None:
-        d.stop()
-    shutil.rmtree(d.base, ignore_errors=True)
+    with node_daemon(fake_api) as d:
+        yield d
 
 
 @pytest.fixture
