@@ -15,21 +15,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from gpudra.cli import manifests, package_data
-from gpudra.cli.inventory_cmd import collect_devices
 from gpudra.cli.options import CliError, add_simulation_flags, env
 from gpudra.cli.output import EXIT_STATUS_HELP, UsageError, add_output_flag, emit, table
-from gpudra.controller.slices import build_slices
-from gpudra.kube.kubeconfig import ClusterAccess, KubeconfigError, api_client, resolve
-from gpudra.scheduling.allocator import Allocator
-from gpudra.scheduling.explain import Explanation, default_device_classes, explain
-from gpudra.scheduling.explain_output import render_table, to_json
-from gpudra.scheduling.explain_subjects import ExplainError, subjects
-from gpudra.scheduling.validate import objects, pod_spec, validate_object
+
+if TYPE_CHECKING:
+    from gpudra.kube.kubeconfig import ClusterAccess
+    from gpudra.scheduling.explain import Explanation
+
+# The allocator, CEL, YAML and the simulated node are imported by the functions that use
+# them: `explain --help` and `gpudra --help` then start in a fraction of the time.
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -82,11 +78,18 @@ class Cluster:
 
 
 def read_documents(path: Path) -> list[Any]:
+    from gpudra.cli import manifests
+
     return manifests.read_documents(path)
 
 
 def deploy_classes(driver: str) -> list[dict[str, Any]]:
     """The chart's DeviceClasses when they are there and fit the driver name, else built-ins."""
+    import yaml
+
+    from gpudra.cli import package_data
+    from gpudra.scheduling.explain import default_device_classes
+
     found: list[dict[str, Any]] = []
     if driver == DEFAULT_DRIVER:
         for path in package_data.device_class_files():
@@ -110,6 +113,9 @@ def _renamed(slices: list[dict[str, Any]], old: str, new: str) -> Iterator[dict[
 
 
 def simulated_cluster(args: argparse.Namespace) -> Cluster:
+    from gpudra.cli.inventory_cmd import collect_devices
+    from gpudra.controller.slices import build_slices
+
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
     devices = collect_devices(args)
@@ -140,6 +146,8 @@ def cluster_from_kubeconfig(access: ClusterAccess) -> Cluster:
     # Imported here: loading the client costs ~0.3 s that --simulate does not need.
     import urllib3
     from kubernetes import client
+
+    from gpudra.kube.kubeconfig import KubeconfigError, api_client
 
     try:
         api = api_client(access)
@@ -186,6 +194,8 @@ def _selected_nodes(cluster: Cluster, wanted: list[str] | None) -> list[str]:
 def _refuse_invalid(path: Path, documents: list[Any], driver: str) -> None:
     """Objects the apiserver would refuse are not explained (CEL problems are: that is
     what explain is for)."""
+    from gpudra.scheduling.validate import objects, validate_object
+
     problems = [f"  {path}:{p.path}: {p.message}" for obj in objects(documents)
                 for p in validate_object(obj, driver=driver) if p.structural]
     if problems:
@@ -212,6 +222,8 @@ def _cluster_access(args: argparse.Namespace) -> ClusterAccess | None:
         if args.kubeconfig or args.context:
             raise UsageError("--simulate reads no cluster: give it, or --kubeconfig/--context")
         return None
+    from gpudra.kube.kubeconfig import KubeconfigError, resolve
+
     try:
         return resolve(args.kubeconfig, context=args.context, namespace=args.namespace)
     except KubeconfigError as exc:
@@ -222,6 +234,8 @@ def _default_namespace(documents: list[Any], namespace: str | None) -> None:
     """Claims, templates and pods that name no namespace get this one, as kubectl apply -n."""
     if not namespace:
         return
+    from gpudra.scheduling.validate import objects, pod_spec
+
     for obj in objects(documents):
         if obj.get("kind") in ("ResourceClaim", "ResourceClaimTemplate") or pod_spec(obj):
             meta = obj.get("metadata")
@@ -243,6 +257,8 @@ def _node_lines(explanation: Explanation) -> list[str]:
 
 
 def print_explanations(explanations: list[Explanation], fmt: str) -> None:
+    from gpudra.scheduling.explain_output import render_table, to_json
+
     if fmt in ("json", "yaml"):
         document: Mapping[str, Any] = (to_json(explanations[0]) if len(explanations) == 1
                                        else {"items": [to_json(e) for e in explanations]})
@@ -258,6 +274,11 @@ def print_explanations(explanations: list[Explanation], fmt: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpudra.cli import manifests
+    from gpudra.scheduling.allocator import Allocator
+    from gpudra.scheduling.explain import explain
+    from gpudra.scheduling.explain_subjects import ExplainError, subjects
+
     inputs = [(path, read_documents(path)) for path in manifests.expand(args.files)]
     documents = [document for _, docs in inputs for document in docs]
     access = _cluster_access(args)

@@ -1,5 +1,8 @@
 """``gpudra node``: the node daemon's flags, turned into one checked :class:`NodeConfig`
 and handed to :func:`gpudra.kubeletplugin.daemon.serve` (which says what the daemon does).
+
+The daemon is imported only when it runs (not for ``--help``), and only its first phase
+then: the time until the kubelet's ``GetInfo`` is answered is mostly imports.
 """
 
 from __future__ import annotations
@@ -27,11 +30,9 @@ from gpudra.cli.options import (
     feature_gates,
     node_name,
 )
-from gpudra.cli.version import version
 from gpudra.driver.featuregates import DEFAULTS as GATES
 from gpudra.driver.gpu_shares import NONE, ShareableError, ShareableGpus, parse_shareable
 from gpudra.driver.health import DEFAULT_QUIET_PERIOD, HealthPolicy, parse_xids
-from gpudra.kubeletplugin.daemon import DaemonError, serve
 from gpudra.kubeletplugin.node_config import NodeConfig
 
 log = structlog.get_logger("gpudra.node")
@@ -262,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
     clean stop the process exits 0 here, at once (:func:`_exit_now`)."""
     fmt, level = _log_settings(args)  # a bad one is a plain line: no format to use yet
     effective = resolve_format(fmt)
+    from gpudra.cli.version import version
+    from gpudra.kubeletplugin.daemon import DaemonError, serve
+
     try:
         config = node_config(args)
         configure_logging(fmt=effective, level=level)

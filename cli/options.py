@@ -8,9 +8,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpudra.driver.featuregates import FeatureGateError, FeatureGates, parse_feature_gates
-from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
+
+if TYPE_CHECKING:
+    from gpudra.driver.nvml import Nvml
 
 
 class CliError(Exception):
@@ -66,6 +69,10 @@ def check_simulate_profile(args: argparse.Namespace) -> None:
 @contextmanager
 def nvml_session(args: argparse.Namespace) -> Iterator[Nvml]:
     """NVML for this command: real, or simulated with state in --sim-state (else a temp dir)."""
+    # Imported here: every command imports this module, and NVML (pynvml, structlog) costs
+    # ~50 ms that `gpudra validate` and `--help` do not need.
+    from gpudra.driver.nvml import NvmlUnavailable, open_nvml
+
     with tempfile.TemporaryDirectory(prefix="gpudra-sim-") as scratch:
         state = args.sim_state or Path(scratch)
         check_simulate_profile(args)

@@ -10,8 +10,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final, Literal, TextIO
 
-import yaml
-
 from gpudra.cli.options import CliError
 
 OutputFormat = Literal["table", "wide", "json", "yaml"]
@@ -64,6 +62,8 @@ def emit(document: Any, fmt: str, out: TextIO | None = None) -> None:
         json.dump(document, out, indent=2)
         out.write("\n")
     else:
+        import yaml  # here: every command imports this module, few print YAML
+
         yaml.safe_dump(document, out, sort_keys=False)
 
 

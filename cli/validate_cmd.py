@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpudra.cli import manifests
 from gpudra.cli.options import env
 from gpudra.cli.output import (
     EXIT_FOUND,
@@ -25,13 +24,9 @@ from gpudra.cli.output import (
     add_output_flag,
     emit,
 )
-from gpudra.scheduling.validate import (
-    CHECKED_KINDS,
-    object_label,
-    objects,
-    pod_spec,
-    validate_object,
-)
+
+# The checks (CEL, YAML) are imported by the functions that run them, so `validate --help`
+# and `gpudra --help` do not pay ~100 ms for them.
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -88,6 +83,15 @@ def _count(n: int, kind: str) -> str:
 
 
 def _check(path: Path, driver: str, kinds: Counter[str]) -> list[Finding]:
+    from gpudra.cli import manifests
+    from gpudra.scheduling.validate import (
+        CHECKED_KINDS,
+        object_label,
+        objects,
+        pod_spec,
+        validate_object,
+    )
+
     try:
         documents = manifests.read_documents(path)
     except UsageError as exc:
@@ -126,6 +130,8 @@ def _when(errors: int, refused: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpudra.cli import manifests
+
     kinds: Counter[str] = Counter()
     files = manifests.expand(args.files)
     findings = [f for path in files for f in _check(path, args.driver_name, kinds)]

@@ -63,10 +63,27 @@ COMPUTE_MODES = {
 }
 
 
-def touches_hardware(plan: PreparePlan) -> bool:
-    """Whether preparing changes anything on a GPU (MIG devices, modes, daemons)."""
-    return any(isinstance(s.target, DynamicMigTarget | ShareTarget)
-               or (s.config is not None and not s.allocated.admin_access) for s in plan.steps)
+def touches_hardware(plan: PreparePlan, cp: Checkpoint) -> bool:
+    """Whether preparing changes anything on a GPU (MIG devices, modes, daemons).
+
+    A share joining a GPU that already has shares changes nothing there unless it raises
+    the MPS daemon's limits: it only gets a CDI spec, like a full GPU, and takes the same
+    batched commit. Should the daemon have died meanwhile, apply restarts it; the GPU's
+    other prepared shares own it, so a crash cannot orphan it.
+    """
+    for i, step in enumerate(plan.steps):
+        share = step.share
+        if share is not None:
+            before = [*shares.shares_on_gpu(cp, share.gpu, plan.claim.uid),
+                      *(s.share for s in plan.steps[:i]
+                        if s.share is not None and s.share.gpu == share.gpu)]
+            if not before or shares.mps_commands(share.gpu, [*before, share]) != \
+                    shares.mps_commands(share.gpu, before):
+                return True
+        elif isinstance(step.target, DynamicMigTarget | ShareTarget) or (
+                step.config is not None and not step.allocated.admin_access):
+            return True
+    return False
 
 
 def planned_device(step: DeviceStep) -> DeviceRecord:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gpudra.driver.devices import (
     AttributeValue,
@@ -28,7 +28,6 @@ from gpudra.driver.gpu_shares import (
     shared_device,
     whole_gpu,
 )
-from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.mig import (
     CAPACITY_NAMES,
     MigProfile,
@@ -38,6 +37,9 @@ from gpudra.driver.mig import (
     gpu_counters,
     placement_order,
 )
+
+if TYPE_CHECKING:  # annotations only: `gpudra validate` reads the schema without NVML
+    from gpudra.driver.inventory import GpuRecord, NodeInventory
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

@@ -293,7 +293,7 @@ class DeviceState:
             restore=restore, started_at=_now(),
         )
         cp = with_claim_started(cp, record)
-        hardware = touches_hardware(plan)
+        hardware = touches_hardware(plan, cp)
         if hardware:
             self._persist(cp, claim.uid, record)
         # else: the only side effect is the CDI spec, and a crash before PrepareCompleted

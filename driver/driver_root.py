@@ -17,8 +17,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-
-import structlog
+from typing import Any
 
 from gpudra.driver.cdi import CdiError, ContainerEdits, DeviceNode, Hook, Mount
 from gpudra.driver.cdi_hooks import (
@@ -31,7 +30,14 @@ from gpudra.driver.cdi_hooks import (
 from gpudra.driver.devices import Device
 from gpudra.driver.host_tree import HostTree, identity
 
-log = structlog.get_logger(__name__)
+
+def _log() -> Any:
+    """The logger, imported on first use: `gpudra explain` loads this module (through NVML)
+    but never logs here, and importing structlog costs it ~30 ms."""
+    import structlog
+
+    return structlog.get_logger(__name__)
+
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 REQUIRED_CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
@@ -134,8 +140,9 @@ class DriverRoot:
             return False
         before = self.driver_version()
         self.refresh()
-        log.info("driver files changed; discovering them again", driver_root=str(self.root),
-                 version_before=before, version_now=self.driver_version())
+        _log().info("driver files changed; discovering them again",
+                    driver_root=str(self.root), version_before=before,
+                    version_now=self.driver_version())
         return True
 
     # --- what the installation is --------------------------------------------------------
@@ -328,7 +335,7 @@ class DriverRoot:
         binary = find_hook_binary(self.driver)
         if binary is None:
             if not self._said_no_hooks:  # once per discovery, not per variant of the edits
-                log.warning("CDI hooks unavailable", reason=missing_hook_message(self.driver))
+                _log().warning("CDI hooks unavailable", reason=missing_hook_message(self.driver))
                 self._said_no_hooks = True
             return []
         return library_hooks(binary, library_paths)

@@ -31,7 +31,7 @@ POINTS = (
 
 
 DELAY_ENV = "GPUDRA_DELAY_AT"
-DELAY_POINTS = ("start:discovery", "prepare:hardware")
+DELAY_POINTS = ("start:sockets", "start:discovery", "prepare:hardware")
 
 
 def delay_point(name: str) -> None:
@@ -54,7 +54,7 @@ def crash_point(name: str) -> None:
 
 
 FAIL_ENV = "GPUDRA_FAIL_AT"
-FAIL_POINTS = ("publisher:after-round",)
+FAIL_POINTS = ("publisher:after-round", "start:discovery")
 
 _failures: Counter[str] = Counter()  # per process: how often each fail point has raised
 

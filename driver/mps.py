@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,8 @@ CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 CONTAINER_SHM_DIR = "/dev/shm"
 NATIVE_PID_FILE = "nvidia-cuda-mps-control.pid"
 """Written into the pipe directory by the control daemon itself."""
+CONTROL_SOCKET = "control"
+"""The control daemon's socket in the pipe directory, which clients connect to."""
 
 
 @dataclass(frozen=True)
@@ -152,35 +153,45 @@ class MpsManager:
         if self.tmpfs_shm and not daemon.shm_dir.is_mount():
             _run(["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs",
                   str(daemon.shm_dir)])
-        env = daemon.env(uuids)
         try:
-            self.runner.run([CONTROL, "-d"], env=env)
+            self.runner.run([CONTROL, "-d"], env=daemon.env(uuids))
             pid = self._wait_started(daemon)
             mps_process.write_pid(daemon.pid_file, pid)
-            for command in commands:
-                self.runner.run([CONTROL], env=env, stdin=command + "\n")
+            self.send(claim_uid, commands)
         except (CommandError, OSError):
             self._quit_running(daemon, claim_uid)
             raise
         return daemon
 
     def send(self, claim_uid: str, commands: Sequence[str]) -> None:
-        """Send control commands to a running daemon (a shared GPU's new limits)."""
-        if commands:  # one client call: the control shell reads its stdin line by line
+        """Send control commands to a running daemon (limits at start, a shared GPU's new
+        limits) in ONE client call: the control shell reads its stdin line by line, and each
+        call is a process start (a chroot too, with a driver container's root)."""
+        if commands:
             self.runner.run([CONTROL], env=self.daemon_for(claim_uid).env(),
                             stdin="".join(c + "\n" for c in commands))
 
     def _wait_started(self, daemon: MpsDaemon) -> int:
-        deadline = time.monotonic() + self.timeout
+        """The new daemon's pid, once it names itself in its pid file and its control
+        socket exists (``-d`` may return before either: it only forks)."""
         native = daemon.pipe_dir / NATIVE_PID_FILE
-        while True:
+        control = daemon.pipe_dir / CONTROL_SOCKET
+        found: list[int] = []
+
+        def up() -> bool:
             pid = mps_process.read_pid(native)
-            if pid is not None and mps_process.is_control_daemon(pid, daemon.directory):
-                return pid
-            if time.monotonic() > deadline:
-                raise CommandError(f"{CONTROL} -d: no control daemon for {daemon.pipe_dir} "
-                                   f"after {self.timeout:g}s ({native} names pid {pid})")
-            time.sleep(0.02)
+            if pid is None or not control.exists() \
+                    or not mps_process.is_control_daemon(pid, daemon.directory):
+                return False
+            found.append(pid)
+            return True
+
+        if not mps_process.wait_for(up, self.timeout):
+            raise CommandError(
+                f"{CONTROL} -d: no control daemon for {daemon.pipe_dir} after "
+                f"{self.timeout:g}s ({native} names pid {mps_process.read_pid(native)}, "
+                f"{control} {'exists' if control.exists() else 'missing'})")
+        return found[-1]
 
     def stop(self, claim_uid: str) -> None:
         """Quit the claim's daemon if it runs and remove its directories; idempotent."""

@@ -14,11 +14,17 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # What the first arguments of a control daemon's command line name: the real binary, or
-# the simulated node's stand-in (``python -m gpudra.driver.sim.mps_daemon``).
+# the simulated node's stand-in (``python -IS <SIM_CONTROL>``; ``python -m
+# gpudra.driver.sim.mps_daemon`` in earlier versions, still adopted).
 CONTROL_NAMES = frozenset({"nvidia-cuda-mps-control", "gpudra.driver.sim.mps_daemon"})
+SIM_CONTROL = Path(__file__).resolve().parent / "sim" / "mps_daemon.py"
+"""The simulated control daemon, run as a script: ``-m`` would import the simulator package
+(and pynvml) first, about 170 modules where the script needs 35, a cost the real binary
+does not have."""
 OWNER_ENV = "GPUDRA_MPS_OWNER"
 """Set in a control daemon's environment to :func:`owner_mark` of its claim directory."""
 PROC = Path("/proc")
@@ -75,18 +81,32 @@ def is_control_daemon(pid: int, claim_dir: Path) -> bool:
     except OSError:  # gone meanwhile, or not ours to read: not ours to touch either
         return False
     names = {Path(a.decode(errors="replace")).name for a in argv[:3]}
-    if not names & CONTROL_NAMES:
+    if not names & CONTROL_NAMES and str(SIM_CONTROL).encode() not in argv[:3]:
         return False
     return f"{OWNER_ENV}={owner_mark(claim_dir)}".encode() in environ
 
 
-def wait_exit(pid: int, timeout: float) -> bool:
-    """Wait until the process is gone (or a zombie); whether it went in time."""
+def wait_for(done: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``done`` until it holds or ``timeout`` passes; whether it held.
+
+    The pause starts at half a millisecond and doubles up to 20 ms: a control daemon is up,
+    or gone after ``quit``, within a few ms, and a fixed 20 ms pause was most of a first
+    share's prepare and a last share's unprepare.
+    """
     deadline = time.monotonic() + timeout
-    while alive(pid):
+    pause = 0.0005
+    while not done():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    return True
+
+
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Wait until the process is gone (or a zombie); whether it went in time."""
+    if not wait_for(lambda: not alive(pid), timeout):
+        return False
     reap(pid)
     return True
 

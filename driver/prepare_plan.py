@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from gpudra.api.configs import DeviceConfig
 from gpudra.driver.claims import (
@@ -94,6 +95,11 @@ class NodeIndex:
     devices: NodeDevices
     targets: Mapping[str, Target]
 
+    @cached_property
+    def types(self) -> Mapping[str, str]:
+        """Device name → its ``type`` attribute; built once per index, not per claim."""
+        return {d.name: d.type for d in self.devices.devices}
+
     @classmethod
     def build(cls, pool: str, inventory: NodeInventory, options: ModelOptions) -> NodeIndex:
         devices = build_devices(inventory, options)
@@ -166,8 +172,7 @@ def plan_claim(claim: ClaimToPrepare, node: NodeIndex) -> PreparePlan:
         if device.device not in node.targets:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is not in this node's "
                              "inventory (was the GPU removed or repartitioned?)")
-    types = {d.name: d.type for d in node.devices.devices}
-    configs = resolve_configs(claim, types)
+    configs = resolve_configs(claim, node.types)
     steps = tuple(_step(claim, d, node.targets[d.device], configs[d.device])
                   for d in claim.devices)
     _check_overlaps(claim, steps)

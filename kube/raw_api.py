@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote
 
-import aiohttp
-
 from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
+from gpudra.kube.http_client import HttpError, Response
 from gpudra.kube.metrics import API_CALLS
 from gpudra.kube.objects import Obj
 from gpudra.kube.session import ApiSession
@@ -77,7 +76,8 @@ def _status_fields(body: bytes) -> tuple[str, str, float | None]:
 
 
 def _retry_after(headers: Mapping[str, str], fallback: float | None) -> float | None:
-    value = headers.get("Retry-After")
+    """The ``Retry-After`` header (``headers`` has lower-case names), else ``fallback``."""
+    value = headers.get("retry-after")
     try:
         return float(value) if value is not None else fallback
     except ValueError:  # an HTTP date; the apiserver only sends seconds
@@ -98,7 +98,7 @@ def _no_answer(verb: str, resource: Resource, name: str | None,
     except TimeoutError as exc:
         raise _counted(api_error(verb, resource.plural, name, status=0, reason="Timeout",
                                  message=f"no answer within {timeout:g}s")) from exc
-    except (aiohttp.ClientError, OSError) as exc:
+    except (HttpError, OSError) as exc:
         raise _counted(api_error(verb, resource.plural, name, status=0,
                                  reason=type(exc).__name__,
                                  message=str(exc) or repr(exc))) from exc
@@ -115,8 +115,8 @@ class RawApi:
 
     async def _open(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
-                    body: Obj | None = None, client_timeout: aiohttp.ClientTimeout,
-                    content_type: str = "application/json") -> aiohttp.ClientResponse:
+                    body: Obj | None = None, read_timeout: float | None = None,
+                    content_type: str = "application/json") -> Response:
         """Send one request; return the response once its status is a success. Transport
         failures pass through for the caller, who knows the deadline they belong to."""
         headers = {"Accept": "application/json"}
@@ -125,17 +125,17 @@ class RawApi:
         response = await self._session.request(
             method, path, query=query, headers=headers,
             body=None if body is None else json.dumps(body).encode(),
-            client_timeout=client_timeout)
+            connect_timeout=self.timeout, read_timeout=read_timeout)
         if response.status >= 300:
             try:
                 data = await response.read()
-            except (aiohttp.ClientError, OSError, TimeoutError):
+            except (HttpError, OSError, TimeoutError):
                 data = b""
             finally:
                 response.release()
             reason, message, retry = _status_fields(data)
             raise _counted(api_error(verb, resource.plural, name, status=response.status,
-                                     reason=reason or str(response.reason or ""),
+                                     reason=reason or response.reason,
                                      message=message,
                                      retry_after=_retry_after(response.headers, retry)))
         return response
@@ -148,7 +148,6 @@ class RawApi:
             async with asyncio.timeout(self.timeout):
                 response = await self._open(
                     verb, resource, name, method, path, query=query, body=body,
-                    client_timeout=aiohttp.ClientTimeout(total=self.timeout),
                     content_type=content_type)
                 try:
                     data = await response.read()
@@ -218,12 +217,12 @@ class RawApi:
             query.append(("fieldSelector", field_selector))
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout,
-                                        sock_read=timeout_seconds + self.timeout)
         with _no_answer("watch", resource, None, self.timeout):
+            # No deadline for the whole stream; each read waits until a little after the
+            # server should have ended it.
             response = await self._open("watch", resource, None, "GET",
                                         resource.collection(namespace), query=query,
-                                        client_timeout=timeout)
+                                        read_timeout=timeout_seconds + self.timeout)
         API_CALLS.labels("watch", resource.plural, "ok").inc()
         return WatchStream(response, resource)
 
@@ -231,7 +230,7 @@ class RawApi:
 class WatchStream:
     """The events of one open watch, one JSON object per line."""
 
-    def __init__(self, response: aiohttp.ClientResponse, resource: Resource) -> None:
+    def __init__(self, response: Response, resource: Resource) -> None:
         self._response = response
         self._resource = resource
 
@@ -239,11 +238,11 @@ class WatchStream:
         """The next event (``{"type": ..., "object": ...}``), or ``None`` at a clean end."""
         while True:
             try:
-                line = await self._response.content.readline()
+                line = await self._response.readline()
             except TimeoutError as exc:
                 raise api_error("watch", self._resource.plural, None, status=0,
                                 reason="Timeout", message="watch went quiet") from exc
-            except (aiohttp.ClientError, OSError) as exc:
+            except (HttpError, OSError) as exc:
                 raise api_error("watch", self._resource.plural, None, status=0,
                                 reason=type(exc).__name__,
                                 message=str(exc) or repr(exc)) from exc
@@ -261,10 +260,8 @@ class WatchStream:
                 return event
 
     def close(self) -> None:
-        if self._response.content.at_eof():
-            self._response.release()  # a finished stream leaves a reusable connection
-        else:
-            self._response.close()  # an unfinished chunked stream cannot be reused
+        # A finished stream leaves a reusable connection; an unfinished one is closed.
+        self._response.release()
 
     async def __aenter__(self) -> WatchStream:
         return self

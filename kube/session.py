@@ -1,9 +1,10 @@
-"""One aiohttp session to one API server: TLS and credentials from a :class:`Connection`.
+"""One session to one API server: TLS and credentials from a :class:`Connection`.
 
 Our own small client instead of ``kubernetes.aio``: the daemon only sends plain JSON
-(:mod:`gpudra.kube.raw_api`), and that package costs ~50 MB of memory and ~0.5 s to import.
-The session is created on first use, inside the running event loop; the TLS context needs
-an exec plugin's client certificate, when there is one, so it is built then too.
+(:mod:`gpudra.kube.raw_api`), and that package costs ~50 MB of memory and ~0.5 s to import;
+the HTTP itself is :mod:`gpudra.kube.http_client` (aiohttp cost ~9 MiB more). The client is
+created on first use, inside the running event loop; the TLS context needs an exec plugin's
+client certificate, when there is one, so it is built then too.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from gpudra.kube.connection import Connection
 from gpudra.kube.credentials import Credentials
+from gpudra.kube.http_client import HttpClient, Response
 
 if TYPE_CHECKING:
     import ssl
@@ -30,7 +30,7 @@ class ApiSession:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._credentials = Credentials(connection)
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
         self._opening = asyncio.Lock()
 
     @classmethod
@@ -41,24 +41,26 @@ class ApiSession:
     async def request(self, method: str, path: str, *,
                       query: Sequence[tuple[str, str]] = (),
                       headers: Mapping[str, str] | None = None, body: bytes | None = None,
-                      client_timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
-        """Send one request; the caller reads and releases the response."""
-        session = self._session or await self._open()
+                      connect_timeout: float | None,
+                      read_timeout: float | None = None) -> Response:
+        """Send one request; the caller reads and releases the response. The timeouts are
+        :meth:`HttpClient.request`'s; a deadline for the whole call is the caller's."""
+        client = self._client or await self._open()
         all_headers = dict(headers or {})
         authorization = await self._credentials.header()
         if authorization is not None:
             all_headers["Authorization"] = authorization
-        response = await session.request(
-            method, self.connection.server + path, params=list(query), headers=all_headers,
-            data=body, timeout=client_timeout, server_hostname=self.connection.tls_server_name)
+        response = await client.request(
+            method, path, query=query, headers=all_headers, body=body,
+            connect_timeout=connect_timeout, read_timeout=read_timeout)
         if response.status == 401:
             self._credentials.rejected()
         return response
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
 
     async def __aenter__(self) -> ApiSession:
         return self
@@ -66,18 +68,15 @@ class ApiSession:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _open(self) -> aiohttp.ClientSession:
+    async def _open(self) -> HttpClient:
         async with self._opening:
-            if self._session is None:
-                ssl_context: ssl.SSLContext | bool = True
+            if self._client is None:
+                ssl_context = None
                 if self.connection.server.startswith("https:"):
                     ssl_context = await self._ssl_context()
-                connector = aiohttp.TCPConnector(ssl=ssl_context, limit=0)
-                # The API server's own deadlines apply; aiohttp's 5-minute default does not.
-                self._session = aiohttp.ClientSession(
-                    connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                    auto_decompress=True)
-            return self._session
+                self._client = HttpClient(self.connection.server, ssl_context=ssl_context,
+                                          server_hostname=self.connection.tls_server_name)
+            return self._client
 
     async def _ssl_context(self) -> ssl.SSLContext:
         import ssl

@@ -46,8 +46,8 @@ def check_api_access(kubeconfig: str | None, *, environ: Mapping[str, str] | Non
 
 
 def api_session(connection: Connection) -> ApiSession:
-    """The daemon's session to the API server (opened on its first request). aiohttp is
-    imported here, after registration, not when the daemon starts."""
+    """The daemon's session to the API server (opened on its first request). The client's
+    modules are imported here, after registration, not when the daemon starts."""
     from gpudra.kube.session import ApiSession
 
     return ApiSession(connection)

@@ -1,13 +1,18 @@
 """The node daemon: kubelet plugin + ResourceSlice publisher + probes, wired and supervised.
 
-Start order: what can be checked without side effects (the API-server configuration, the
-HTTP port) → HTTP probes (``/readyz`` says which step start-up is at) → NVML → checkpoint
-and start-up reconciliation → inventory → gRPC sockets → API client → publishing,
-once the kubelet has confirmed our registration (:mod:`.publish_gate`). Stop (``stop`` set,
-e.g. by SIGTERM): stop accepting calls, let in-flight ones finish, remove our sockets, stop
-publishing, return. The publisher is a supervised root task: restarted with back-off when
-it dies, named in ``/readyz`` while it is down, and fatal (:class:`DaemonError`) when it
-keeps dying.
+Start order, in two phases. Phase 1 needs only what serves the kubelet (gRPC, the protobuf
+modules, this package's servers): what can be checked without side effects (the API-server
+configuration, the HTTP port) → HTTP probes (``/readyz`` says which step start-up is at) →
+gRPC sockets, so the kubelet's ``GetInfo`` is answered within a fraction of a second of
+exec. Phase 2, while the sockets answer: the driver's modules and the API client are
+imported off the loop → NVML → checkpoint and start-up reconciliation → inventory → API
+client → publishing, once the kubelet has confirmed our registration (:mod:`.publish_gate`).
+Claim calls that arrive during phase 2 wait for it (:class:`_StartingPreparer`); when it
+fails they get the error, the sockets are removed and the daemon exits. Stop (``stop`` set,
+e.g. by SIGTERM): end the kubelet's health streams, stop accepting calls, let in-flight ones
+finish, remove our sockets, stop publishing, return. The publisher is a supervised root
+task: restarted with back-off when it dies, named in ``/readyz`` while it is down, and fatal
+(:class:`DaemonError`) when it keeps dying.
 """
 
 from __future__ import annotations
@@ -21,33 +26,27 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 
 from gpudra.api.claims import ClaimRef
-from gpudra.driver.checkpoint_codec import CheckpointError
-from gpudra.driver.health_monitor import HealthMonitor
-from gpudra.driver.nvml import Nvml, NvmlUnavailable, open_nvml
-from gpudra.driver.usage import IdleTracker
-from gpudra.driver.usage_sampler import ClaimPods, UsageSampler
+from gpudra.driver.faults import delay_point
 from gpudra.kubeletplugin.api_access import ApiAccessError, api_session, check_api_access
 from gpudra.kubeletplugin.grpc_probe import answers_get_info
 from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.http_probes import ProbeServer
 from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome
 from gpudra.kubeletplugin.node_config import NodeConfig
-from gpudra.kubeletplugin.node_state import (
-    build_device_state,
-    pick_up_answering_gpus,
-    watched_gpus,
-)
-from gpudra.kubeletplugin.preparer import Preparer
 from gpudra.kubeletplugin.publish_gate import PublishGate
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.kubeletplugin.supervisor import RootTaskFailed, Supervisor
 
-if TYPE_CHECKING:  # the API client's modules load after registration (_import_client_modules)
+if TYPE_CHECKING:  # imported when used: phase 2 (off the loop), the probes (when enabled)
     from gpudra.driver.checkpoint_model import ClaimRecord
     from gpudra.driver.device_state import DeviceState
+    from gpudra.driver.health_monitor import HealthMonitor
+    from gpudra.driver.nvml import Nvml
     from gpudra.driver.usage import IdleTransition
+    from gpudra.driver.usage_sampler import UsageSampler
+    from gpudra.kube.connection import Connection
     from gpudra.kubeletplugin.claim_status import ClaimStatusWriter
     from gpudra.kubeletplugin.events import IdleEvents
+    from gpudra.kubeletplugin.http_probes import ProbeServer
 
 log = structlog.get_logger("gpudra.node")
 
@@ -105,6 +104,7 @@ class _Runtime:
     supervisor: Supervisor
     step: str | None = "starting"
     server: PluginServer | None = None
+    health: HealthService | None = None
     nvml: Nvml | None = None
     api: Any = None
     monitor: HealthMonitor | None = None
@@ -139,6 +139,8 @@ class _Runtime:
         return problems + self.supervisor.problems()
 
     async def close(self, grace: float) -> None:
+        if self.health is not None:  # its streams would make the server wait out `grace`
+            self.health.close()
         if self.server is not None:
             await self.server.stop(grace)  # sockets go first: the kubelet sees us leave
         await self.supervisor.stop()
@@ -162,7 +164,8 @@ class _Runtime:
 
 
 async def _start(config: NodeConfig, runtime: _Runtime) -> None:
-    # What can fail without side effects fails first, before the kubelet ever sees us.
+    # Phase 1. What can fail without side effects fails first, before the kubelet ever
+    # sees us.
     try:
         connection = check_api_access(config.kubeconfig)
     except ApiAccessError as exc:
@@ -170,12 +173,54 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     if config.http_address is not None:
         runtime.probes = _probes(config.http_address, runtime)
         runtime.probes.start()
-    paths = config.paths
-    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    health: HealthService | None = None
+    if config.gates.enabled("DeviceHealthCheck"):
+        # Streams opened before phase 2 knows the devices wait for it (set_source).
+        runtime.health = health = HealthService(config.node_name)
+    starting = _StartingPreparer()
+    runtime.step = "serving the kubelet sockets"
+    delay_point("start:sockets")
+    runtime.server = server = PluginServer(config.driver_name, config.registrar_dir,
+                                           config.plugins_dir, config.pod_uid, starting,
+                                           health_servicer=health)
+    await server.start()
+    # Its clock starts now, with the registration socket; /readyz shows it once running.
+    gate = PublishGate(server.registration, config.registration_timeout,
+                       server.registration_socket_path)
+    # Phase 2: claim calls wait in `starting` until it is done, and fail if it fails.
+    try:
+        await _start_node(config, runtime, connection, starting=starting, health=health,
+                          gate=gate)
+    except BaseException as exc:
+        starting.fail(_start_failure(exc))
+        raise
+
+
+async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connection, *,
+                      starting: _StartingPreparer, health: HealthService | None,
+                      gate: PublishGate) -> None:
+    """Phase 2: devices, checkpoint, API client, publishing; the sockets answer meanwhile."""
+    runtime.step = "loading the driver"
+    # Imported off the loop, which meanwhile answers the kubelet's registration calls.
+    await _in_daemon_thread(_import_client_modules)
+    from gpudra.controller.publisher import SlicePublisher
+    from gpudra.driver.checkpoint_codec import CheckpointError
+    from gpudra.driver.health_monitor import HealthMonitor
+    from gpudra.driver.nvml import NvmlUnavailable
+    from gpudra.driver.usage import IdleTracker
+    from gpudra.driver.usage_sampler import ClaimPods, UsageSampler
+    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+    from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
+    from gpudra.kubeletplugin.node_state import (
+        build_device_state,
+        pick_up_answering_gpus,
+        watched_gpus,
+    )
+    from gpudra.kubeletplugin.preparer import Preparer
+
     runtime.step = "opening NVML"
     try:
-        runtime.nvml = nvml = open_nvml(simulate=config.simulate, sim_state=paths.sim_state,
-                                        driver_root=paths.driver_root)
+        runtime.nvml = nvml = await _in_daemon_thread(_open_nvml, config)
     except NvmlUnavailable as exc:
         raise DaemonError(str(exc)) from exc
     runtime.step = "discovering devices and reconciling the checkpoint"
@@ -183,28 +228,7 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
         state = await _in_daemon_thread(build_device_state, config, nvml)
     except CheckpointError as exc:  # e.g. the previous pod still holds the lock
         raise DaemonError(f"checkpoint: {exc}") from exc
-    monitor: HealthMonitor | None = None
-    health: HealthService | None = None
-    if config.gates.enabled("DeviceHealthCheck"):
-        health = HealthService(config.node_name, lambda: (
-            monitor.device_health(state.index.devices) if monitor is not None else ()))
-    # Register once the node state is ready; calls that arrive while the API client
-    # (not needed to register) loads wait for it in _StartingPreparer.
-    starting = _StartingPreparer()
-    runtime.step = "serving the kubelet sockets"
-    runtime.server = server = PluginServer(config.driver_name, config.registrar_dir,
-                                           config.plugins_dir, config.pod_uid, starting,
-                                           health_servicer=health)
-    await server.start()
-    runtime.gate = gate = PublishGate(server.registration, config.registration_timeout,
-                                      server.registration_socket_path)
-    runtime.step = "loading the API client"
-    # Imported off the loop, which meanwhile answers the kubelet's registration calls.
-    await _in_daemon_thread(_import_client_modules)
-    from gpudra.controller.publisher import SlicePublisher
-    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
-    from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
-
+    runtime.step = "starting the API client"
     runtime.api = api = api_session(connection)
     pods = ClaimPods()  # who each claim is reserved for, as prepare saw it: usage labels
     status, idle_events = _claim_observers(config, api, state)
@@ -221,6 +245,7 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name)
     if health is not None:
         loop = asyncio.get_running_loop()
+        monitor: HealthMonitor | None = None
 
         def refresh() -> None:
             assert monitor is not None and health is not None
@@ -237,9 +262,12 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
                                                   on_change=changed)
         monitor.start()
         refresh()
+        watching = monitor
+        health.set_source(lambda: watching.device_health(state.index.devices))
     else:
         publisher.update(state.index.devices)
     runtime.publisher = publisher
+    runtime.gate = gate
 
     async def publish() -> None:
         await gate.wait()  # at once after the first time: a restart does not wait again
@@ -251,6 +279,25 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     runtime.step = None
     log.info("node daemon running", node=config.node_name, driver=config.driver_name,
              devices=len(state.index.devices.devices), simulate=config.simulate)
+
+
+def _open_nvml(config: NodeConfig) -> Nvml:
+    """NVML, real or simulated; blocking (a simulated node writes its state)."""
+    from gpudra.driver.nvml import open_nvml
+
+    paths = config.paths
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    return open_nvml(simulate=config.simulate, sim_state=paths.sim_state,
+                     driver_root=paths.driver_root)
+
+
+def _start_failure(exc: BaseException) -> str:
+    """What claim calls waiting for phase 2 are told when it does not finish."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "the node daemon is shutting down before it finished starting"
+    if isinstance(exc, DaemonError):
+        return f"the node daemon failed to start: {exc}"
+    return f"the node daemon failed to start: {type(exc).__name__}: {exc}"
 
 
 def _claim_observers(config: NodeConfig, api: Any, state: DeviceState,
@@ -270,14 +317,24 @@ def _claim_observers(config: NodeConfig, api: Any, state: DeviceState,
 
 
 def _import_client_modules() -> None:
-    """The API client (aiohttp) and what uses it: not needed to register."""
+    """Phase 2's modules: the driver (NVML, checkpoint, device state, health, usage), the
+    API client and what uses it; none is needed to serve the kubelet sockets."""
     import gpudra.controller.publisher
+    import gpudra.driver.checkpoint_codec
+    import gpudra.driver.health_monitor
+    import gpudra.driver.nvml
+    import gpudra.driver.usage
+    import gpudra.driver.usage_sampler
     import gpudra.kubeletplugin.claim_fetcher
-    import gpudra.kubeletplugin.claim_status  # noqa: F401
+    import gpudra.kubeletplugin.claim_status
+    import gpudra.kubeletplugin.node_state
+    import gpudra.kubeletplugin.preparer  # noqa: F401
 
 
 def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
     """The HTTP probe server, listening; a port in use is a one-line :class:`DaemonError`."""
+    from gpudra.kubeletplugin.http_probes import ProbeServer  # not loaded when disabled
+
     try:
         return ProbeServer(address, live=runtime.not_live, ready=runtime.not_ready)
     except OSError as exc:
@@ -286,31 +343,43 @@ def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
 
 
 class _StartingPreparer:
-    """Calls that arrive between registration and the API client being ready wait here.
-
-    The sockets come up as soon as the node's devices are known; importing the API
-    client (aiohttp, the publisher; not needed to register) happens after, and takes well
-    under a second, far inside the kubelet's 45 s call deadline.
+    """Claim calls that arrive while phase 2 runs (devices, checkpoint, API client) wait
+    here: well under a second on a simulated node, far inside the kubelet's 45 s call
+    deadline. If phase 2 fails (or the daemon stops first), every waiting and later call
+    gets the reason as each claim's error, which the kubelet reports and retries.
     """
 
     def __init__(self) -> None:
-        self._ready = asyncio.Event()
+        self._settled = asyncio.Event()
         self._inner: ClaimPreparer | None = None
+        self._failure: str | None = None
 
     def ready(self, inner: ClaimPreparer) -> None:
         self._inner = inner
-        self._ready.set()
+        self._settled.set()
 
-    async def _target(self) -> ClaimPreparer:
-        await self._ready.wait()
-        assert self._inner is not None
+    def fail(self, reason: str) -> None:
+        """Phase 2 did not finish: answer with ``reason`` (no-op once ready)."""
+        if not self._settled.is_set():
+            self._failure = reason
+            self._settled.set()
+
+    async def _target(self) -> ClaimPreparer | None:
+        await self._settled.wait()
         return self._inner
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
-        return await (await self._target()).prepare(claims)
+        inner = await self._target()
+        if inner is None:
+            return {ref.uid: PrepareOutcome(error=f"claim {ref}: {self._failure}")
+                    for ref in claims}
+        return await inner.prepare(claims)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        return await (await self._target()).unprepare(claims)
+        inner = await self._target()
+        if inner is None:
+            return {ref.uid: f"claim {ref}: {self._failure}" for ref in claims}
+        return await inner.unprepare(claims)
 
 
 T = TypeVar("T")

@@ -96,9 +96,9 @@ class ClaimCalls:
                 outcome = PrepareOutcome(error=batch.rejected[ref.uid])
             else:
                 outcome = answered.get(ref.uid) or PrepareOutcome(error=_no_result(ref))
-            call.claim_done(ref, outcome.error, devices=len(outcome.devices))
+            call.claim_done(ref, outcome.error, [d.device for d in outcome.devices])
             outcomes[ref.uid] = outcome
-        call.done()
+        call.done("prepared")
         return outcomes
 
     async def unprepare(
@@ -118,12 +118,16 @@ class ClaimCalls:
                 error = _no_result(ref)
             call.claim_done(ref, error)
             errors[ref.uid] = error
-        call.done()
+        call.done("unprepared")
         return errors
 
 
 class _Call:
-    """One gRPC call: runs the preparer, turns its exceptions into INTERNAL, logs."""
+    """One gRPC call: runs the preparer, turns its exceptions into INTERNAL, logs.
+
+    One info line per call, naming its claims and their devices, plus a warning per failed
+    claim: a line costs the daemon ~0.1 ms of CPU, a sizeable part of a 1 ms unprepare.
+    """
 
     def __init__(self, method: str, request_id: int, claim_count: int) -> None:
         self._log = log.bind(method=method, request_id=request_id)
@@ -131,6 +135,7 @@ class _Call:
         self._claim_count = claim_count
         self._started = time.monotonic()
         self._failed = 0
+        self._done: dict[str, list[str]] = {}
 
     async def run(
         self,
@@ -160,17 +165,20 @@ class _Call:
             self._log.warning("driver answered for claims not in the request", uids=unknown)
         return answered
 
-    def claim_done(self, ref: ClaimRef, error: str | None, **details: Any) -> None:
-        claim_log = self._log.bind(claim=str(ref))
+    def claim_done(self, ref: ClaimRef, error: str | None, devices: Sequence[str] = ()) -> None:
         if error:
             self._failed += 1
-            claim_log.warning("claim failed", error=error)
+            self._log.warning("claim failed", claim=str(ref), error=error)
         else:
-            claim_log.info("claim done", **details)
+            self._done[str(ref)] = list(devices)
 
-    def done(self) -> None:
+    def done(self, what: str) -> None:
+        """The call's line; ``what`` names the successful claims' field (``prepared``: claim
+        → its devices; ``unprepared``: the claims)."""
+        done: dict[str, list[str]] | list[str] = \
+            self._done if what == "prepared" else list(self._done)
         self._log.info("call done", claims=self._claim_count, failed=self._failed,
-                       duration_s=self._elapsed())
+                       duration_s=self._elapsed(), **{what: done})
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self._started, 6)

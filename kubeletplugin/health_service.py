@@ -4,8 +4,10 @@
 when it ends). Each response is the complete device list of this node's pool, because
 devices missing from it turn Unknown; one is sent when the stream opens, on every
 :meth:`HealthService.notify`, and every ``resend_interval`` seconds so timestamps stay
-fresher than ``health_check_timeout``. Both versions share one implementation; only the
-message classes differ.
+fresher than ``health_check_timeout``. A stream opened before the daemon knows its devices
+sends nothing until it does (:meth:`HealthService.set_source`): an empty or partial list
+would turn devices Unknown. Both versions share one implementation; only the message
+classes differ.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def truncate(message: str) -> str:
 
 
 class HealthService:
-    """Serves both health API versions from ``source`` (called for every response).
+    """Serves both health API versions from ``source`` (called for every response); None:
+    streams wait until :meth:`set_source` gives it.
 
     Call :meth:`notify` on the event loop when health changed.
     """
@@ -61,7 +64,7 @@ class HealthService:
     def __init__(
         self,
         pool_name: str,
-        source: HealthSource,
+        source: HealthSource | None = None,
         *,
         resend_interval: float = DEFAULT_RESEND_INTERVAL,
         health_check_timeout: int = DEFAULT_HEALTH_CHECK_TIMEOUT,
@@ -73,6 +76,10 @@ class HealthService:
         self._resend_interval = resend_interval
         self._timeout = health_check_timeout
         self._wakeups: set[asyncio.Event] = set()
+        self._known = asyncio.Event()  # set once there is a source to send (or closed)
+        if source is not None:
+            self._known.set()
+        self._closed = False
 
     @property
     def open_streams(self) -> int:
@@ -85,13 +92,28 @@ class HealthService:
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
             _V1alpha1Servicer(self), server)
 
+    def set_source(self, source: HealthSource) -> None:
+        """Start sending from ``source`` (call on the event loop, once the devices and
+        their health are known); streams already open send their first response now."""
+        self._source = source
+        self._known.set()
+
     def notify(self) -> None:
         """Send the current health on every open stream now (call on the event loop)."""
         for wakeup in self._wakeups:
             wakeup.set()
 
+    def close(self) -> None:
+        """End every stream, open or opened later (the daemon is stopping; call on the
+        event loop). A stream never ends by itself, so a server stopping with a grace
+        period would otherwise wait all of it out."""
+        self._closed = True
+        self._known.set()
+        self.notify()
+
     async def stream(self, version: str, pb: _HealthModule, context: Any) -> None:
-        """Write responses to ``context`` until the kubelet goes away (then we are cancelled).
+        """Write responses to ``context`` until the kubelet goes away (then we are cancelled)
+        or :meth:`close`.
 
         ``context.write`` rather than an async generator: cancellation lands in an ``await``
         of this coroutine, so the ``finally`` always runs and no stream outlives its call.
@@ -100,7 +122,8 @@ class HealthService:
         self._wakeups.add(wakeup)
         log.info("kubelet opened a health stream", version=version, streams=self.open_streams)
         try:
-            while True:
+            await self._known.wait()
+            while not self._closed:
                 wakeup.clear()
                 await context.write(self._response(pb))
                 with contextlib.suppress(TimeoutError):
@@ -111,6 +134,7 @@ class HealthService:
             log.info("health stream closed", version=version, streams=self.open_streams)
 
     def _response(self, pb: _HealthModule) -> Any:
+        assert self._source is not None  # stream() waits for it
         status = {"Healthy": pb.HEALTHY, "Unhealthy": pb.UNHEALTHY, "Unknown": pb.UNKNOWN}
         return pb.NodeWatchResourcesResponse(devices=[
             pb.DeviceHealth(

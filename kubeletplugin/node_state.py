@@ -18,7 +18,7 @@ from gpudra.driver.commands import CommandRunner, HostCommandRunner
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.device_state import DeviceState
 from gpudra.driver.driver_root import DriverRoot
-from gpudra.driver.faults import delay_point
+from gpudra.driver.faults import delay_point, fail_point
 from gpudra.driver.gpu_locks import GpuLockTimeout
 from gpudra.driver.inventory import (
     NodeInventory,
@@ -55,6 +55,7 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
     devices to publish (leaked MIG devices destroyed, our own kept dynamic)."""
     log.info("discovering devices", simulate=config.simulate)
     delay_point("start:discovery")
+    fail_point("start:discovery")
     paths, gates = config.paths, config.gates
     resolver = simulated_pcie_root if config.simulate else sysfs_pcie_root
     inventory = read_inventory(nvml, pcie_root=resolver)

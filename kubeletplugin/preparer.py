@@ -4,7 +4,8 @@ API calls happen before any lock and concurrently for all claims of a call; the 
 work itself runs in a worker thread (NVML and file I/O block) under the driver's own
 serialisation, one thread hop per call. A claim the checkpoint already holds as prepared is
 answered from the checkpoint without asking the API server, so a kubelet restart during an
-API outage works. One log line per call; a failed claim adds its own warning.
+API outage works. Logging is the gRPC layer's (:mod:`.dra_service`): a line per call and a
+warning per failed claim; here only metrics.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
-
-import structlog
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.driver import metrics
@@ -26,7 +25,6 @@ from gpudra.kubeletplugin.interfaces import PrepareOutcome
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 
-log = structlog.get_logger(__name__)
 
 
 class PrepareObserver(Protocol):
@@ -75,24 +73,19 @@ class Preparer:
         started = time.perf_counter()
         results = await asyncio.to_thread(self._state.prepare_many, [c for _, c in decoded])
         each = (time.perf_counter() - started) / len(decoded)
-        done: dict[str, list[str]] = {}
         for ref, claim in decoded:
             result = results[claim.uid]
             if isinstance(result, ClaimError):
                 outcomes[ref.uid] = self._failed(ref, result)
                 continue
             metrics.PREPARE_SECONDS.observe(each)
-            done[str(ref)] = [d.device for d in result]
             outcomes[ref.uid] = PrepareOutcome(devices=result)
             if self._observer is not None:
                 self._observer.prepared(ref, result, claim)
-        if done:
-            log.info("prepared", claims=done)
         return outcomes
 
     @staticmethod
     def _failed(ref: ClaimRef, exc: ClaimError) -> PrepareOutcome:
-        log.warning("prepare failed", claim=str(ref), error=str(exc))
         metrics.PREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
         return PrepareOutcome(error=str(exc))
 
@@ -103,19 +96,14 @@ class Preparer:
         results = await asyncio.to_thread(self._state.unprepare_many, [r.uid for r in claims])
         each = (time.perf_counter() - started) / len(claims)
         errors: dict[str, str | None] = {}
-        done = []
         for ref in claims:
             error = results[ref.uid]
             if error is not None:
-                log.warning("unprepare failed", claim=str(ref), error=str(error))
                 metrics.UNPREPARE_ERRORS.labels(metrics.error_reason(str(error))).inc()
                 errors[ref.uid] = str(error)
                 continue
             metrics.UNPREPARE_SECONDS.observe(each)
-            done.append(str(ref))
             errors[ref.uid] = None
             if self._observer is not None:
                 self._observer.unprepared(ref)
-        if done:
-            log.info("unprepared", claims=done)
         return errors

@@ -12,25 +12,22 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpudra.api.configs import validate_opaque
-from gpudra.driver.claims import (
-    AllocatedDevice,
-    ClaimError,
-    ClaimToPrepare,
-    OpaqueConfig,
-    resolve_configs,
-)
 from gpudra.scheduling.allocation_state import lookup_attribute
 from gpudra.scheduling.allocation_trace import Allocation
 from gpudra.scheduling.allocator import Allocator
 from gpudra.scheduling.claim_requests import request_groups
 from gpudra.scheduling.explain_subjects import Subject
 
+# The decoders (gpudra.api.configs, pydantic: ~60 ms to import) are imported only when a
+# claim or class has a config for this driver; most explained claims have none.
+
 _POSITION = re.compile(r"^claim [^:]*:[^:]*: config\[(\d+)\]")
 
 
 def parameter_problems(path: str, parameters: Any) -> list[str]:
     """``<path>.<field>: <message>`` for each problem of one opaque config of this driver."""
+    from gpudra.api.configs import validate_opaque
+
     found = []
     for problem in validate_opaque(parameters):
         where, _, message = problem.partition(": ")
@@ -102,6 +99,19 @@ def device_problems(subject: Subject, allocator: Allocator, allocation: Allocati
     origins = _origins(subject, allocator, driver)
     found: list[str] = []
     for claim, result in zip(subject.claims, allocation.results or [], strict=False):
+        ours = [(position, config, opaque)
+                for position, config in enumerate(result["devices"]["config"])
+                if (opaque := _ours(config, driver)) is not None]
+        if not ours:  # nothing to resolve: no config can misfit a device
+            continue
+        from gpudra.driver.claims import (
+            AllocatedDevice,
+            ClaimError,
+            ClaimToPrepare,
+            OpaqueConfig,
+            resolve_configs,
+        )
+
         items = result["devices"]["results"]
         devices = tuple(AllocatedDevice(r["request"], r["pool"], r["device"],
                                         bool(r.get("adminAccess")))
@@ -113,10 +123,7 @@ def device_problems(subject: Subject, allocator: Allocator, allocation: Allocati
             kinds[r["device"]] = str(kind[1]) if kind is not None else ""
         configs: list[OpaqueConfig] = []
         paths: dict[int, str] = {}
-        for position, config in enumerate(result["devices"]["config"]):
-            opaque = _ours(config, driver)
-            if opaque is None:
-                continue
+        for position, config, opaque in ours:
             configs.append(OpaqueConfig(tuple(config.get("requests") or ()),
                                         opaque.get("parameters") or {},
                                         str(config.get("source")), position))

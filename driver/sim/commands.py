@@ -1,8 +1,9 @@
 """The simulated node's ``nvidia-smi`` and ``nvidia-cuda-mps-control``.
 
 Time slices are kept in ``<state>/commands.json``; an MPS control daemon is a real
-stand-in process (``gpudra.driver.sim.mps_daemon``) listening on the ``control`` FIFO in
-its pipe directory, as the real daemon does, so start, configure and quit are observable.
+stand-in process (``gpudra/driver/sim/mps_daemon.py``, run as a script) listening on the
+``control`` FIFO in its pipe directory, as the real daemon does, so start, configure and
+quit are observable.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpudra.driver import mps_process
 from gpudra.driver.commands import CommandError
 from gpudra.driver.sim.mps_daemon import REPLY
 
@@ -82,17 +84,16 @@ class SimulatedCommandRunner:
                 control.unlink()  # left by a daemon that was killed
             # Like the real `-d`: the launcher forks the daemon off and returns at once; its
             # own session keeps it out of our process group's signals (Ctrl-C, a group kill).
+            # A script with stdlib imports only, isolated (-I) and without site (-S): an
+            # interpreter start as cheap as it gets, not the simulator package's imports.
             subprocess.run(
-                [sys.executable, "-m", "gpudra.driver.sim.mps_daemon", "--daemonize", str(pipe),
+                [sys.executable, "-IS", str(mps_process.SIM_CONTROL), "--daemonize", str(pipe),
                  str(logs)],
                 env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, check=True, timeout=STARTUP_TIMEOUT,
                 start_new_session=True)
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while not control.exists():
-                if time.monotonic() > deadline:
-                    raise CommandError("nvidia-cuda-mps-control -d: daemon did not start")
-                time.sleep(0.01)
+            if not mps_process.wait_for(control.exists, STARTUP_TIMEOUT):
+                raise CommandError("nvidia-cuda-mps-control -d: daemon did not start")
             return ""
         lines = stdin if stdin.endswith("\n") else stdin + "\n"
         quitting = "quit" in (line.strip() for line in lines.splitlines())
@@ -105,13 +106,11 @@ class SimulatedCommandRunner:
         fd = _open_writer(control)
         with os.fdopen(fd, "w") as fifo:
             fifo.write(lines)
-        deadline = time.monotonic() + STARTUP_TIMEOUT
         # quit: until the daemon has gone; anything else: until it answered
-        while control.exists() if quitting else not reply.exists():
-            if time.monotonic() > deadline:
-                raise CommandError("nvidia-cuda-mps-control: no answer from the MPS control "
-                                   f"daemon in {STARTUP_TIMEOUT:g}s")
-            time.sleep(0.005)
+        if not mps_process.wait_for((lambda: not control.exists()) if quitting
+                                    else reply.exists, STARTUP_TIMEOUT):
+            raise CommandError("nvidia-cuda-mps-control: no answer from the MPS control "
+                               f"daemon in {STARTUP_TIMEOUT:g}s")
         reply.unlink(missing_ok=True)
         return ""
 
@@ -131,6 +130,7 @@ def _open_writer(control: Path, timeout: float = STARTUP_TIMEOUT) -> int:
     while no one reads, which is also the short moment the daemon re-opens between clients.
     """
     deadline = time.monotonic() + timeout
+    pause = 0.0005  # the daemon re-opens within a millisecond or so
     while True:
         try:
             fd = os.open(control, os.O_WRONLY | os.O_NONBLOCK)
@@ -141,7 +141,8 @@ def _open_writer(control: Path, timeout: float = STARTUP_TIMEOUT) -> int:
             if exc.errno != errno.ENXIO or time.monotonic() > deadline:
                 raise CommandError("nvidia-cuda-mps-control: cannot find MPS control daemon "
                                    f"process ({exc.strerror})") from exc
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
             continue
         os.set_blocking(fd, True)  # the write itself may wait for the daemon to read
         return fd

@@ -7,33 +7,53 @@ the real one does.
 
 The limit commands the real control shell accepts (``set_default_active_thread_percentage``,
 ``set_default_device_pinned_mem_limit``, and their per-server forms taking a server PID)
-are checked and kept in ``<log>/limits.json`` (:func:`read_limits`), so tests see which
+are checked and kept in ``<log>/limits.txt`` (:func:`read_limits`), so tests see which
 limits a daemon enforces; a command the real shell would reject lands in ``rejected``.
+
+It runs as a script (``python -IS mps_daemon.py``) and imports ``os``, ``sys`` and ``signal``
+only: the real binary is up in a millisecond or two, and the stand-in should cost no more
+than an interpreter's start (9 ms here; ``json``, ``pathlib`` and ``typing`` made it 25).
+So paths are strings, and the limits file is a Python literal, read back with
+``ast.literal_eval``.
 """
+
+# os.path, not pathlib: pathlib's own imports (re, urllib.parse) would slow the start-up.
+# ruff: noqa: PTH103, PTH105, PTH108, PTH110, PTH118, PTH123
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import sys
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: never imported at run time
+    from typing import Any
 
 REPLY = "#reply"
 """Not a real MPS command: the runner asks the daemon to touch a file once it has read the
 lines before (the real control client waits for the daemon's answer too)."""
 
 
-LIMITS_FILE = "limits.json"
-_MEMORY_RE = re.compile(r"\d+[MG]?")
+LIMITS_FILE = "limits.txt"
 
 
-def read_limits(log_dir: Path) -> dict[str, Any]:
+def read_limits(log_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """What a (simulated) control daemon was told: defaults, per-server limits, rejects."""
-    path = log_dir / LIMITS_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    import ast  # the reader's import, not the daemon's start-up
+
+    path = os.path.join(log_dir, LIMITS_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as file:
+        limits: dict[str, Any] = ast.literal_eval(file.read())
+    return limits
+
+
+def _memory(text: str) -> bool:
+    """A pinned memory limit as the shell takes it: digits, then ``M`` or ``G`` or nothing."""
+    digits = text[:-1] if text[-1:] in ("M", "G") else text
+    return digits.isdecimal()  # what the pattern \d+ matches
 
 
 def _percentage(text: str) -> int | None:
@@ -49,7 +69,7 @@ def _apply_limit(limits: dict[str, Any], command: str) -> bool:
         if ok:
             limits["defaultActiveThreadPercentage"] = int(args[0])
     elif name == "set_default_device_pinned_mem_limit":
-        ok = len(args) == 2 and _MEMORY_RE.fullmatch(args[1]) is not None
+        ok = len(args) == 2 and _memory(args[1])
         if ok:
             limits.setdefault("defaultDevicePinnedMemLimit", {})[args[0]] = args[1]
     elif name == "set_active_thread_percentage":
@@ -59,7 +79,7 @@ def _apply_limit(limits: dict[str, Any], command: str) -> bool:
                 "activeThreadPercentage"] = int(args[1])
     elif name == "set_device_pinned_mem_limit":
         ok = len(args) == 3 and args[0].isdigit() \
-            and _MEMORY_RE.fullmatch(args[2]) is not None
+            and _memory(args[2])
         if ok:
             limits.setdefault("servers", {}).setdefault(args[0], {}).setdefault(
                 "devicePinnedMemLimit", {})[args[1]] = args[2]
@@ -70,37 +90,42 @@ def _apply_limit(limits: dict[str, Any], command: str) -> bool:
     return True
 
 
-def _save(log_dir: Path, limits: dict[str, Any]) -> None:
-    tmp = log_dir / (LIMITS_FILE + ".tmp")
-    tmp.write_text(json.dumps(limits, sort_keys=True))
-    tmp.replace(log_dir / LIMITS_FILE)
+def _save(log_dir: str, limits: dict[str, Any]) -> None:
+    path = os.path.join(log_dir, LIMITS_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as file:
+        file.write(repr(limits))
+    os.replace(path + ".tmp", path)
 
 
-def main(pipe_dir: str, log_dir: str) -> None:
-    pipe, logs = Path(pipe_dir), Path(log_dir)
-    pipe.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(parents=True, exist_ok=True)
-    control = pipe / "control"
-    pid_file = pipe / "nvidia-cuda-mps-control.pid"
-    pid_file.write_text(f"{os.getpid()}\n")
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
+
+
+def main(pipe: str, logs: str) -> None:
+    os.makedirs(pipe, exist_ok=True)
+    os.makedirs(logs, exist_ok=True)
+    control = os.path.join(pipe, "control")
+    pid_file = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
+    _write(pid_file, f"{os.getpid()}\n")
     # SIGTERM exits through the `finally` below (Python's default would skip it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.mkfifo(control)
-    log = (logs / "control.log").open("a", buffering=1)
+    log = open(os.path.join(logs, "control.log"), "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     log.write(f"[sim] MPS control daemon started pid={os.getpid()} "
               f"devices={os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     limits: dict[str, Any] = {"devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     _save(logs, limits)
-    (logs / "startup.log").write_text("ready\n")
+    _write(os.path.join(logs, "startup.log"), "ready\n")
     try:
         while True:
-            with control.open() as fifo:
+            with open(control, encoding="utf-8") as fifo:
                 for line in fifo:
                     command = line.strip()
                     if not command:
                         continue
                     if command.startswith(REPLY + " "):
-                        Path(command.removeprefix(REPLY + " ")).touch()
+                        _write(command.removeprefix(REPLY + " "), "")
                         continue
                     log.write(f"[sim] {command}\n")
                     if command == "quit":
@@ -108,8 +133,9 @@ def main(pipe_dir: str, log_dir: str) -> None:
                     if _apply_limit(limits, command):
                         _save(logs, limits)
     finally:
-        control.unlink(missing_ok=True)
-        pid_file.unlink(missing_ok=True)
+        for path in (control, pid_file):
+            if os.path.exists(path):
+                os.unlink(path)
         log.write("[sim] exit\n")
         log.close()
 
@@ -129,4 +155,9 @@ if __name__ == "__main__":
     if args and args[0] == "--daemonize":
         daemonize()
         args = args[1:]
-    main(args[0], args[1])
+    # No interpreter tear-down: like the real daemon, gone once it has cleaned up.
+    try:
+        main(args[0], args[1])
+    except SystemExit:  # SIGTERM, after main's clean-up
+        os._exit(0)
+    os._exit(0)

@@ -36,7 +36,9 @@ def sim_daemons(under: Path) -> list[int]:
         except OSError:
             continue
         prefix = str(under).encode()
-        if b"gpudra.driver.sim.mps_daemon" in argv and any(a.startswith(prefix) for a in argv) \
+        ours = b"gpudra.driver.sim.mps_daemon" in argv \
+            or str(mps_process.SIM_CONTROL).encode() in argv
+        if ours and any(a.startswith(prefix) for a in argv) \
                 and mps_process.alive(int(entry.name)):
             found.append(int(entry.name))
     return found
@@ -80,6 +82,19 @@ class Failing:
         raise CommandError(f"{argv[0]}: exited 1: no CUDA-capable device")
 
 
+class Recording:
+    """Host commands, each recorded (argv and stdin) before it runs."""
+
+    def __init__(self, inner: SimulatedCommandRunner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[list[str], str | None]] = []
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            stdin: str | None = None) -> str:
+        self.calls.append((list(argv), stdin))
+        return self.inner.run(argv, env=env, stdin=stdin)
+
+
 def test_start_records_a_detached_daemon_and_stop_removes_everything(manager):
     daemon = manager.start(UID1, [GPU], ["set_default_active_thread_percentage 25"])
     pid = mps_process.read_pid(daemon.pid_file)
@@ -95,6 +110,23 @@ def test_start_records_a_detached_daemon_and_stop_removes_everything(manager):
     assert not mps_process.alive(pid)
     assert not daemon.directory.exists()
     manager.stop(UID1)  # idempotent
+
+
+def test_start_is_one_launch_and_one_client_call_for_all_commands(tmp_path):
+    """Each control call is a process (and a chroot with a driver container's root): the
+    limits go in one session, the control shell reading them line by line."""
+    runner = Recording(SimulatedCommandRunner(tmp_path / "sim"))
+    manager = MpsManager(runner, tmp_path / "mps")
+    commands = ["set_default_active_thread_percentage 25",
+                f"set_default_device_pinned_mem_limit {GPU} 20480M"]
+    daemon = manager.start(UID1, [GPU], commands)
+    try:
+        assert runner.calls == [(["nvidia-cuda-mps-control", "-d"], None),
+                                (["nvidia-cuda-mps-control"], "".join(c + "\n" for c in commands))]
+        log = (daemon.log_dir / "control.log").read_text()
+        assert all(f"[sim] {c}\n" in log for c in commands)
+    finally:
+        manager.stop(UID1)
 
 
 def test_container_edits_carry_pipe_log_and_a_private_shm(manager):

@@ -268,3 +268,18 @@ def test_simulated_control_daemon_takes_what_the_real_shell_takes(node):
     assert limits["rejected"] == ["set_default_active_thread_percentage 130",
                                   "set_default_device_pinned_mem_limit 0 lots"]
     assert limits["defaultActiveThreadPercentage"] == 25  # the rejected one changed nothing
+
+
+def test_mig_and_shares_never_overlap(node):
+    """Whatever the scheduler did (upstream allocators before kubernetes#139040 forgot shared
+    allocations when counting counters across scheduling cycles), the node refuses."""
+    mig = "gpu-0-mig-1g10gb-19-0"
+    node.state.prepare(claim(UID_A, mig))
+    with pytest.raises(ClaimError, match=f"overlaps device '{mig}' of claim"):
+        node.state.prepare(share_claim(UID_B, SHARE_B))
+    nothing_changed(node, UID_B)
+    node.state.unprepare(UID_A)
+    node.state.prepare(share_claim(UID_B, SHARE_B))
+    with pytest.raises(ClaimError, match="overlaps device 'gpu-0-shared' of claim"):
+        node.state.prepare(claim(UID_A, mig))
+    nothing_changed(node, UID_A)

@@ -70,6 +70,8 @@ class Daemon:
     kubelet: bool = True
     process: subprocess.Popen[str] | None = None
     background_kubelet: BackgroundKubelet | None = None
+    log_mark: int = 0
+    """Length of the log when the current process started (a base may be reused)."""
 
     @property
     def registrar(self) -> Path:
@@ -108,6 +110,7 @@ class Daemon:
         # would block the daemon's logging (and so the daemon) after ~64 KiB.
         if self.kubelet and self.background_kubelet is None:
             self.background_kubelet = BackgroundKubelet(self.registrar).start()
+        self.log_mark = len(self.output())
         with self.log_path.open("a") as out:
             self.process = subprocess.Popen(args, env=env, cwd=ROOT, text=True, stdout=out,
                                             stderr=subprocess.STDOUT)
@@ -120,7 +123,7 @@ class Daemon:
         sock = self.registrar / f"{DRIVER}-reg.sock"
         while time.monotonic() < deadline:
             # Sockets come up first; "running" means the node state is ready too.
-            if sock.exists() and "node daemon running" in self.output():
+            if sock.exists() and "node daemon running" in self.output()[self.log_mark:]:
                 return
             if self.process is not None and self.process.poll() is not None:
                 raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.output()}")

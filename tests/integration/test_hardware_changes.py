@@ -119,6 +119,9 @@ async def test_a_checkpoint_naming_gpus_that_are_gone_does_not_stop_start_up(
     new_gpus = {g.uuid for g in SimControl(
         first.sim_state if state_dir == "same" else first.base / "sim-new").node.gpus}
     assert old_gpu not in new_gpus
+    # A round deletes, then updates: wait for its end, not a state in the middle of it.
+    wait_for(lambda: any(line.get("event") == "published slices"
+                         for line in log_lines(second, mark)))
     wait_for(lambda: full_gpus(fake_api) == {"gpu-0", "gpu-1"})
     uuids = {str(d["attributes"].get("uuid", d["attributes"].get("parentUUID", {}))
                  .get("string")) for d in published(fake_api).values()}

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import structlog
 from prometheus_client import REGISTRY
@@ -148,12 +147,12 @@ def without_gpu(devices: NodeDevices, group: str) -> NodeDevices:
 
 async def wipe(session: ApiSession) -> None:
     """What the kubelet does when it starts: delete every slice of the node at once."""
-    response = await session.request(
-        "DELETE", "/apis/resource.k8s.io/v1/resourceslices",
-        query=[("fieldSelector", f"spec.nodeName={NODE}")],
-        client_timeout=aiohttp.ClientTimeout(total=10))
-    async with response:
-        assert response.status == 200, await response.text()
+    async with asyncio.timeout(10):
+        response = await session.request(
+            "DELETE", "/apis/resource.k8s.io/v1/resourceslices",
+            query=[("fieldSelector", f"spec.nodeName={NODE}")], connect_timeout=10)
+        async with response:
+            assert response.status == 200, await response.text()
 
 
 def metric(name: str, **labels: str) -> float:

@@ -157,27 +157,46 @@ def test_bad_log_flags_are_one_line_naming_the_choices(node, extra, env, status,
         assert output.splitlines() == [message]
 
 
+async def _probe_until(port: int, daemon: Daemon, path: str, text: str) -> tuple[int, str]:
+    """The first answer of ``path`` that contains ``text``, within 2.5 s of exec."""
+    started = time.monotonic()
+    while True:  # answers from the first moments, not only once start-up is over
+        try:
+            status, body = http_get(port, path)
+            if text in body:
+                return status, body
+        except OSError:
+            pass
+        assert time.monotonic() - started < 2.5, daemon.output()
+        await asyncio.sleep(0.02)
+
+
 async def test_readyz_and_healthz_say_which_start_up_step_is_running(node):
+    # Before the kubelet sockets are served, both probes name the step.
+    port = free_port()
+    daemon = node("--http-address", f"127.0.0.1:{port}",
+                  env={"GPUDRA_DELAY_AT": "start:sockets=3"})
+    daemon.start(wait=False)
+    step = "starting: serving the kubelet sockets\n"
+    assert await _probe_until(port, daemon, "/readyz", "serving") == (503, step)
+    assert http_get(port, "/healthz") == (503, step)
+    daemon.wait_registered()
+    assert http_get(port, "/healthz") == (200, "ok\n")
+
+
+async def test_while_devices_are_discovered_readyz_names_the_step_and_healthz_is_ok(node):
+    # The sockets are served before discovery: liveness is then GetInfo, which answers.
     port = free_port()
     daemon = node("--http-address", f"127.0.0.1:{port}",
                   env={"GPUDRA_DELAY_AT": "start:discovery=3"})
     daemon.start(wait=False)
-    started = time.monotonic()
-    while True:  # answers from the first moments, not only once start-up is over
-        try:
-            status, body = http_get(port, "/readyz")
-            break
-        except OSError:
-            assert time.monotonic() - started < 2.5, daemon.output()
-            await asyncio.sleep(0.02)
-    while "discovering" not in body:  # (it may catch "opening NVML")
-        status, body = http_get(port, "/readyz")
-        assert time.monotonic() - started < 2.5, body
     step = "starting: discovering devices and reconciling the checkpoint\n"
-    assert (status, body) == (503, step)
-    assert http_get(port, "/healthz") == (503, step)
-    daemon.wait_registered()
+    # (it may catch "loading the driver" or "opening NVML" first)
+    assert await _probe_until(port, daemon, "/readyz", "discovering") == (503, step)
     assert http_get(port, "/healthz") == (200, "ok\n")
+    daemon.wait_registered()
+    assert http_get(port, "/readyz")[0] == 503  # no kubelet here: not registered, nothing
+    assert "starting:" not in http_get(port, "/readyz")[1]  # published; but started
 
 
 def test_the_first_log_line_names_the_version_and_the_feature_gates(node):

@@ -22,18 +22,22 @@ import pytest
 import yaml
 
 from gpudra.kube.connection import Connection, connection_settings, in_cluster
+from gpudra.kube.errors import ApiCallError
 from gpudra.kube.kubeconfig import KubeconfigError, resolve
 from gpudra.kube.raw_api import NODES, RawApi
 from gpudra.kube.session import ApiSession
 
 NODE_LIST = b'{"kind": "NodeList", "apiVersion": "v1", "items": []}'
+UNAUTHORIZED = (b'{"kind": "Status", "apiVersion": "v1", "status": "Failure", '
+                b'"message": "Unauthorized", "reason": "Unauthorized", "code": 401}')
 
 
 @contextlib.asynccontextmanager
-async def recording_server(tls: ssl.SSLContext | None = None,
+async def recording_server(tls: ssl.SSLContext | None = None, *, unauthorized: int = 0,
                            ) -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
-    """An HTTP(S) server answering every request with an empty NodeList; yields its URL and
-    the headers of each request it got (lower-case names)."""
+    """An HTTP(S) server answering every request with an empty NodeList (the first
+    ``unauthorized`` with 401); yields its URL and the headers of each request it got
+    (lower-case names)."""
     seen: list[dict[str, str]] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -42,9 +46,11 @@ async def recording_server(tls: ssl.SSLContext | None = None,
             lines = head.decode().split("\r\n")[1:]
             seen.append({k.strip().lower(): v.strip()
                          for k, _, v in (line.partition(":") for line in lines if line)})
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            status, body = ((b"401 Unauthorized", UNAUTHORIZED) if len(seen) <= unauthorized
+                            else (b"200 OK", NODE_LIST))
+            writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
                          b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(NODE_LIST), NODE_LIST))
+                         % (status, len(body), body))
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
@@ -110,14 +116,20 @@ async def test_user_name_and_password_are_basic_auth(tmp_path):
 
 
 def exec_plugin(tmp_path: Path, status: dict[str, Any], *, exit_code: int = 0) -> dict[str, Any]:
-    """An exec credential plugin (a Python script) that counts its runs in ``runs``."""
+    """An exec credential plugin (a Python script) that counts its runs in ``runs``; a
+    ``token`` with ``{run}`` in it names the run (1, 2, ...)."""
     script = tmp_path / "plugin.py"
     script.write_text(textwrap.dedent(f"""
         import json, os, sys
         with open({str(tmp_path / 'runs')!r}, "a") as f:
             f.write(os.environ["KUBERNETES_EXEC_INFO"] + "\\n")
+        with open({str(tmp_path / 'runs')!r}) as f:
+            run = len(f.read().splitlines())
+        status = {status!r}
+        if "token" in status:
+            status["token"] = status["token"].replace("{{run}}", str(run))
         print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1",
-                           "kind": "ExecCredential", "status": {status!r}}}))
+                           "kind": "ExecCredential", "status": status}}))
         sys.stderr.write("plugin says no\\n")
         sys.exit({exit_code})
     """))
@@ -152,6 +164,21 @@ async def test_an_unexpired_exec_credential_is_reused(tmp_path):
             await api.list(NODES)
             await api.list(NODES)
     assert len((tmp_path / "runs").read_text().splitlines()) == 1
+
+
+async def test_a_401_gets_a_new_exec_credential_for_the_next_request(tmp_path):
+    user = exec_plugin(tmp_path, {"token": "token-{run}"})  # never expires by itself
+    async with recording_server(unauthorized=1) as (url, seen):
+        connection = settings(write_kubeconfig(tmp_path / "cfg", url, user))
+        async with ApiSession(connection) as session:
+            api = RawApi(session, timeout=5)
+            with pytest.raises(ApiCallError) as caught:
+                await api.list(NODES)
+            assert (caught.value.status, caught.value.reason) == (401, "Unauthorized")
+            await api.list(NODES)  # not resent by itself: the caller's retry gets through
+            await api.list(NODES)
+    assert [h["authorization"] for h in seen] == [
+        "Bearer token-1", "Bearer token-2", "Bearer token-2"]
 
 
 async def test_a_failing_exec_plugin_is_one_line_naming_it(tmp_path):
@@ -216,10 +243,30 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+def make_certificate(directory: Path, name: str, subject_alt_name: str) -> tuple[Path, Path]:
+    """A self-signed certificate and its key, as files."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate")
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
+                    f"/CN={name}", "-addext", f"subjectAltName={subject_alt_name}",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def server_tls(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
+    if client_ca is not None:  # clients must show a certificate it signed
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca)
     return context
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
 
 
 async def test_the_server_is_checked_against_the_kubeconfig_ca(tmp_path, certificate):
@@ -242,17 +289,46 @@ async def test_the_server_is_checked_against_the_kubeconfig_ca(tmp_path, certifi
     assert len(seen) == 3
 
 
+async def test_a_server_name_override_and_a_client_certificate_the_server_requires(tmp_path):
+    """The certificate names api.internal, not the address dialled: tls-server-name is what
+    is checked (and sent as SNI); the server only talks to holders of the client cert."""
+    cert, key = make_certificate(tmp_path, "api.internal", "DNS:api.internal")
+    client_cert, client_key = make_certificate(tmp_path, "node-a", "DNS:node-a")
+    tls = server_tls(cert, key, client_ca=client_cert)
+    names: list[str | None] = []
+    tls.sni_callback = lambda sock, name, context: names.append(name)
+    cluster = {"certificate-authority-data": b64(cert), "tls-server-name": "api.internal"}
+    async with recording_server(tls) as (url, seen):
+        await list_nodes(settings(write_kubeconfig(
+            tmp_path / "cfg", url, {"client-certificate-data": b64(client_cert),
+                                    "client-key-data": b64(client_key)}, cluster)))
+        # The client certificate can come from an exec plugin instead.
+        plugin = exec_plugin(tmp_path, {"clientCertificateData": client_cert.read_text(),
+                                        "clientKeyData": client_key.read_text()})
+        await list_nodes(settings(write_kubeconfig(tmp_path / "cfg2", url, plugin, cluster)))
+        # Checked against the address dialled, the certificate does not match.
+        with pytest.raises(Exception, match="certificate verify failed"):
+            await list_nodes(settings(write_kubeconfig(
+                tmp_path / "cfg3", url, {"client-certificate-data": b64(client_cert),
+                                         "client-key-data": b64(client_key)},
+                {"certificate-authority-data": b64(cert)})))
+    assert len(seen) == 2
+    assert names[:2] == ["api.internal", "api.internal"]
+
+
 # --- the daemon's import graph ---------------------------------------------------------------
 
-def test_the_node_daemon_never_imports_the_kubernetes_package():
-    """~50 MB and half a second: the daemon talks to the API server through gpudra.kube."""
+def test_the_node_daemon_never_imports_the_kubernetes_package_or_aiohttp():
+    """~50 MB and half a second: the daemon talks to the API server through gpudra.kube;
+    and over its own HTTP client (aiohttp alone is ~9 MiB)."""
     code = textwrap.dedent("""
         import sys
         import gpudra.cli.main, gpudra.cli.node_cmd, gpudra.kubeletplugin.daemon
         from gpudra.kubeletplugin import daemon
         daemon._import_client_modules()  # what it loads once registered
         import gpudra.kube.session, gpudra.kube.credentials
-        print(sorted(m for m in sys.modules if m.split(".")[0] == "kubernetes"))
+        print(sorted(m for m in sys.modules
+                     if m.split(".")[0] in ("kubernetes", "aiohttp", "yarl", "multidict")))
     """)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout

@@ -75,7 +75,18 @@ class EveryClaim(Mapping[str, ClaimRecord]):
 async def writer(api_session: ApiSession) -> AsyncIterator[ClaimStatusWriter]:  # noqa: F811
     writer = ClaimStatusWriter(RawApi(api_session), driver=DRIVER,
                                records=EveryClaim,
-                               backoff=lambda: Backoff(initial=0.01, cap=0.05))
+                               backoff=lambda: Backoff(initial=0.01, cap=0.05), delay=0.01)
+    task = asyncio.create_task(writer.run())
+    yield writer
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest_asyncio.fixture
+async def slow_writer(api_session: ApiSession) -> AsyncIterator[ClaimStatusWriter]:  # noqa: F811
+    """A writer with the daemon's delay between a claim's first change and its write."""
+    writer = ClaimStatusWriter(RawApi(api_session), driver=DRIVER, records=EveryClaim,
+                               backoff=lambda: Backoff(initial=0.01, cap=0.05), delay=0.3)
     task = asyncio.create_task(writer.run())
     yield writer
     task.cancel()
@@ -284,6 +295,60 @@ async def test_without_health_checks_there_is_no_healthy_condition(
         writer.prepared(ref, DEVICES, None)
         await until(lambda: len(status_devices(fake_api)) == 2)
         assert {c for e in status_devices(fake_api) for c in conditions(e)} == {"Ready"}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_claim_unprepared_before_its_first_write_costs_no_write(
+        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+    ref = put_claim(fake_api)
+    skipped = writes("skipped")
+    slow_writer.prepared(ref, DEVICES, None)
+    assert slow_writer.pending() == {ref.uid}
+    slow_writer.unprepared(ref)
+    assert slow_writer.pending() == set()
+    await asyncio.sleep(0.4)
+    assert patches(fake_api) == 0 and status_devices(fake_api) == []
+    assert writes("skipped") == skipped + 1
+
+
+async def test_changes_within_the_delay_go_out_in_one_write(
+        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+    ref = put_claim(fake_api)
+    slow_writer.prepared(ref, DEVICES, None)
+    slow_writer.health_changed({"gpu-0": "gpu.nvidia.com/xid=79:NoExecute"})
+    await asyncio.sleep(0.1)
+    assert patches(fake_api) == 0  # not yet due
+    await until(lambda: len(status_devices(fake_api)) == 2 and not slow_writer.pending())
+    assert patches(fake_api) == 1
+    healthy = {e["device"]: conditions(e)["Healthy"]["status"] for e in status_devices(fake_api)}
+    assert healthy == {"gpu-0": "False", "gpu-1-mig-1g10gb-0": "True"}
+
+
+async def test_unprepare_while_the_first_write_is_in_flight_still_removes_the_entries(
+        writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+    ref = put_claim(fake_api)
+    fake_api.delay(0.3, verb="patch", resource="resourceclaims/status", count=1)
+    writer.prepared(ref, DEVICES, None)
+    await until(lambda: patches(fake_api) == 1)  # the apply is being answered
+    writer.unprepared(ref)
+    await until(lambda: patches(fake_api) == 2 and not writer.pending())
+    assert status_devices(fake_api) == []
+
+
+async def test_a_claim_prepared_by_an_earlier_daemon_has_its_entries_removed(
+        writer: ClaimStatusWriter, fake_api: FakeApiServer,  # noqa: F811
+        api_session: ApiSession):  # noqa: F811
+    ref = put_claim(fake_api)
+    writer.prepared(ref, DEVICES, None)
+    await until(lambda: len(status_devices(fake_api)) == 2 and not writer.pending())
+    restarted = ClaimStatusWriter(RawApi(api_session), driver=DRIVER,
+                                  records=EveryClaim, delay=0.01)
+    task = asyncio.create_task(restarted.run())
+    try:
+        restarted.unprepared(ref)  # never saw it prepared
+        await until(lambda: status_devices(fake_api) == [] and not restarted.pending())
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

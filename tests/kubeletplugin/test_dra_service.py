@@ -136,10 +136,16 @@ async def test_calls_and_claims_are_logged(kubelet, preparer: TestPreparer):
     done = by_event[("call done", None)]
     assert done["method"] == "v1.NodePrepareResources"
     assert done["claims"] == 2 and done["failed"] == 1 and done["duration_s"] >= 0
-    assert by_event[("claim done", "ns/claim-1:uid-1")]["devices"] == 1
+    assert done["prepared"] == {"ns/claim-1:uid-1": ["gpu-0"]}  # the failed one is apart
     failed = by_event[("claim failed", "ns/claim-2:uid-2")]
     assert failed["error"] == "no such device" and failed["log_level"] == "warning"
     assert failed["request_id"] == done["request_id"]
+    assert len(logs) == 2  # one line per call, one per failed claim
+
+    with structlog.testing.capture_logs() as logs:
+        await kubelet.unprepare([claim(1)])
+    [done] = logs
+    assert done["event"] == "call done" and done["unprepared"] == ["ns/claim-1:uid-1"]
 
 
 async def test_the_wire_messages_are_what_the_kubelet_decodes(server, preparer: TestPreparer):

@@ -1,0 +1,133 @@
+"""Prepare and unprepare of GPU shares against whole GPUs, through the real node daemon.
+
+    python -m bench.share_prepare [--runs 3] [--rounds 24]
+
+Starts the API-server stand-in in its own process (``bench.remote_api``), runs
+``gpudra node --simulate dgx-h100 --shareable-gpus all`` and drives it with the kubelet
+emulator. Each round, on the next of the 8 GPUs: prepare and unprepare a whole-GPU claim;
+prepare a first share (the GPU's MPS control daemon starts), a second share joining it,
+unprepare the joining share, then the last one (the daemon stops). One claim per call.
+Issue 15 asks for a share's prepare within 2x a whole GPU's; the ratios are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+from bench.node_daemon import _prepare_ok, _unprepare, make_claim, pct, summary
+from bench.remote_api import RemoteApi
+from gpudra.api.claims import ClaimRef
+from gpudra.driver import mps_process
+from gpudra.testing.kubelet_emulator import KubeletEmulator
+from tests.integration.daemon import Daemon, claim_object
+
+GPUS = 8
+
+
+def share_claim(api: RemoteApi, name: str, gpu: int, memory: str = "20Gi",
+                multiprocessors: str = "33") -> ClaimRef:
+    """A claim allocated one share of ``gpu-<gpu>-shared``, as the scheduler writes it."""
+    obj = claim_object(name, devices=[f"gpu-{gpu}-shared"])
+    result = obj["status"]["allocation"]["devices"]["results"][0]
+    result.update(shareID=str(uuid.uuid4()), consumedCapacity={
+        "memory": memory, "multiprocessors": multiprocessors, "shares": "1"})
+    meta = api.put(obj)["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def control_daemons(under: Path) -> list[int]:
+    """Live MPS control daemons started for directories under ``under``."""
+    mark = f"{mps_process.OWNER_ENV}={mps_process.owner_mark(under)}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(mark) for e in environ) and mps_process.alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+async def rounds(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
+                 count: int, run: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in (
+        "full", "full-unprepare", "first", "join", "join-unprepare", "last-unprepare")}
+    for i in range(count):
+        gpu = i % GPUS
+        full = make_claim(api, f"r{run}-full-{i}", [f"gpu-{gpu}"])
+        times["full"].append(await _prepare_ok(kubelet, [full]))
+        times["full-unprepare"].append(await _unprepare(kubelet, [full]))
+        first = share_claim(api, f"r{run}-first-{i}", gpu)
+        times["first"].append(await _prepare_ok(kubelet, [first]))
+        join = share_claim(api, f"r{run}-join-{i}", gpu, "40Gi", "66")
+        times["join"].append(await _prepare_ok(kubelet, [join]))
+        times["join-unprepare"].append(await _unprepare(kubelet, [join]))
+        times["last-unprepare"].append(await _unprepare(kubelet, [first]))
+        assert not control_daemons(daemon.plugins), "the last share left its MPS daemon"
+    return times
+
+
+def report(times: dict[str, list[float]]) -> None:
+    labels = {"full": "prepare, whole GPU",
+              "full-unprepare": "unprepare, whole GPU",
+              "first": "prepare, first share of a GPU (MPS start)",
+              "join": "prepare, share joining a shared GPU",
+              "join-unprepare": "unprepare, share that is not the last",
+              "last-unprepare": "unprepare, last share of a GPU (MPS stop)"}
+    for key, label in labels.items():
+        print(summary(label, times[key]))
+    full = pct(times["full"], 50)
+    for key in ("first", "join"):
+        print(f"p50 ratio {key} share / whole GPU: {pct(times[key], 50) / full:.2f}x"
+              f"   (p95 {pct(times[key], 95) / pct(times['full'], 95):.2f}x)")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    merged: dict[str, list[float]] = {}
+    for run in range(args.runs):
+        print(f"--- run {run + 1}/{args.runs}")
+        with RemoteApi() as api:
+            api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+            daemon = Daemon(api.url, extra_args=["--shareable-gpus", "all"])
+            daemon.start()
+            try:
+                async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+                    # one warm-up round: first imports and file creation are not the path
+                    await rounds(api, kubelet, daemon, 1, -1 - run)
+                    times = await rounds(api, kubelet, daemon, args.rounds, run)
+                report(times)
+                for key, values in times.items():
+                    merged.setdefault(key, []).extend(values)
+            finally:
+                daemon.stop()
+                for pid in control_daemons(daemon.plugins):  # a failed run leaves none
+                    os.kill(pid, signal.SIGKILL)
+                shutil.rmtree(daemon.base, ignore_errors=True)
+    if args.runs > 1:
+        print(f"--- all {args.runs} runs")
+        report(merged)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=24)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+    print(f"commit {head} (working tree may differ); load {os.getloadavg()[0]:.2f}")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

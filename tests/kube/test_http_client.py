@@ -1,0 +1,402 @@
+"""Our HTTP/1.1 client, over real sockets: to the test API server for what it can show
+(keep-alive, concurrency, query strings, dropped connections) and to small scripted servers
+on 127.0.0.1 for the edges (chunked streams, stale keep-alive connections, framing, gzip,
+timeouts, closing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from gpudra.kube import http_client
+from gpudra.kube.errors import Unreachable
+from gpudra.kube.http_client import BadResponse, HttpClient, HttpError, ServerDisconnected
+from gpudra.kube.raw_api import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, RawApi
+from gpudra.kube.session import ApiSession
+from gpudra.testing.fakeapi import samples
+from gpudra.testing.fakeapi.server import FakeApiServer
+
+# --- a scripted server -----------------------------------------------------------------------
+
+Piece = bytes | float
+"""What a scripted server sends: bytes, or a pause of so many seconds (cut short if the
+client hangs up)."""
+CLOSE: Piece = b""
+"""As the last piece: the server closes the connection after answering, without a word."""
+
+
+@dataclass
+class Seen:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+    connection: int
+    """Which connection (0, 1, ...) it came on."""
+
+
+@dataclass
+class Scripted:
+    """A local HTTP/1.1 server that answers each request with ``answer(request, index)``:
+    a list of pieces, then keeps the connection open for the next request, unless the
+    answer says ``Connection: close`` or is None (closed without a word)."""
+
+    answer: Callable[[Seen, int], list[Piece] | None]
+    """(the request, how many came before it) -> the answer; None: close, no answer."""
+    seen: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    closed_by_client: int = 0
+    url: str = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number, self.connections = self.connections, self.connections + 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ")
+                headers = {k.strip().lower(): v.strip()
+                           for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+                body = await reader.readexactly(int(headers.get("content-length", 0)))
+                request = Seen(method, target, headers, body, number)
+                self.seen.append(request)
+                pieces = self.answer(request, len(self.seen) - 1)
+                if pieces is None:
+                    break
+                for piece in pieces:
+                    if isinstance(piece, float):
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(piece):
+                                if not await reader.read(1):  # clients never pipeline
+                                    self.closed_by_client += 1
+                                    return
+                    else:
+                        writer.write(piece)
+                        await writer.drain()
+                if CLOSE in pieces or any(b"Connection: close" in p for p in pieces
+                                          if isinstance(p, bytes)):
+                    break
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                self.closed_by_client += 1
+        except ConnectionError:
+            self.closed_by_client += 1
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def scripted(answer: Callable[[Seen, int], list[Piece] | None],
+                   ) -> AsyncIterator[Scripted]:
+    server = Scripted(answer)
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    server.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        yield server
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+def ok(body: bytes = b"{}", *extra: str) -> list[Piece]:
+    head = "".join(f"{h}\r\n" for h in extra)
+    return [f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode() + body]
+
+
+def chunked(*chunks: bytes, pause: float = 0.0, head: bytes = b"") -> list[Piece]:
+    pieces: list[Piece] = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n%s\r\n" % head]
+    for chunk in chunks:
+        pieces += [b"%x;ext=1\r\n%s\r\n" % (len(chunk), chunk), pause]
+    return [*pieces, b"0\r\nX-Trailer: t\r\n\r\n"]
+
+
+async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within:g} s"
+        await asyncio.sleep(0.01)
+
+
+async def get(client: HttpClient) -> tuple[int, bytes]:
+    async with await client.request("GET", "/x", connect_timeout=2) as response:
+        return response.status, await response.read()
+
+
+# --- keep-alive and the pool -----------------------------------------------------------------
+
+async def test_sequential_requests_share_one_connection():
+    async with scripted(lambda r, i: ok(b'{"n": %d}' % i)) as server:
+        client = HttpClient(server.url)
+        try:
+            assert [await get(client) for _ in range(3)] == [
+                (200, b'{"n": 0}'), (200, b'{"n": 1}'), (200, b'{"n": 2}')]
+        finally:
+            await client.close()
+    assert server.connections == 1
+    assert server.seen[0].headers["host"] == server.url.removeprefix("http://")
+
+
+async def test_requests_in_flight_at_once_each_get_a_connection_then_reuse_them(
+        fake_api: FakeApiServer):
+    for i in range(16):
+        fake_api.put(samples.claim(f"c{i}"))
+    fake_api.delay(0.2, verb="get", resource="resourceclaims")
+    async with ApiSession.for_url(fake_api.url) as session:
+        api = RawApi(session, timeout=5)
+        started = time.monotonic()
+        got = await asyncio.gather(*(api.get(RESOURCE_CLAIMS, f"c{i}", namespace="default")
+                                     for i in range(16)))
+        assert time.monotonic() - started < 2.0  # not one after the other (16 x 0.2 s)
+        assert [g["metadata"]["name"] for g in got] == [f"c{i}" for i in range(16)]
+        client = session._client
+        assert client is not None and len(client._idle) == 16 and not client._busy
+        fake_api.delay(0, verb="get", resource="resourceclaims")
+        await api.get(RESOURCE_CLAIMS, "c0", namespace="default")
+        assert len(client._idle) == 16  # reused one, opened none
+
+
+async def test_query_strings_are_encoded(fake_api: FakeApiServer):
+    selector = "spec.nodeName=node a&b=c/ü+%"
+    async with ApiSession.for_url(fake_api.url) as session:
+        await RawApi(session, timeout=5).list(RESOURCE_SLICES, field_selector=selector)
+    assert fake_api.requests[-1].query["fieldSelector"] == selector
+
+
+# --- dropped and stale connections -----------------------------------------------------------
+
+async def test_a_pooled_connection_dropped_by_the_server_is_resent_once(
+        fake_api: FakeApiServer):
+    """A drop on a connection that served a request before is what a keep-alive connection
+    the server closed while idle looks like: GET resends once, on a new connection."""
+    async with ApiSession.for_url(fake_api.url) as session:
+        api = RawApi(session, timeout=5)
+        await api.list(NODES)  # a connection in the pool
+        fake_api.drop_next(1, verb="get")
+        fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+        assert (await api.get(NODES, "node-a"))["metadata"]["name"] == "node-a"
+        fake_api.drop_next(2, verb="get")  # the resend fails too: the caller sees it
+        with pytest.raises(Unreachable) as caught:
+            await api.get(NODES, "node-a")
+        assert caught.value.reason == "ServerDisconnected"
+    assert fake_api.calls["get", "nodes"] == 4
+
+
+async def test_a_drop_on_a_fresh_connection_is_final_on_a_pooled_one_resent_once():
+    async with scripted(lambda r, i: None if i in (0, 2) else ok()) as server:
+        client = HttpClient(server.url)
+        try:
+            with pytest.raises(ServerDisconnected):
+                await get(client)  # request 0, on a new connection: the server saw it
+            assert await get(client) == (200, b"{}")  # 1, on a new connection again
+            assert await get(client) == (200, b"{}")  # 2 on the pooled one, dropped: 3
+        finally:
+            await client.close()
+    assert [s.connection for s in server.seen] == [0, 1, 1, 2]
+
+
+async def test_a_stale_connection_is_not_resent_for_a_post():
+    async with scripted(lambda r, i: ok() if i == 0 else None) as server:
+        client = HttpClient(server.url)
+        try:
+            await get(client)
+            with pytest.raises(ServerDisconnected):
+                await client.request("POST", "/x", body=b"{}", connect_timeout=2)
+        finally:
+            await client.close()
+    assert [s.method for s in server.seen] == ["GET", "POST"]
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_used():
+    async with scripted(lambda r, i: [*ok(), CLOSE]) as server:
+        client = HttpClient(server.url)
+        try:
+            assert await get(client) == (200, b"{}")
+            await asyncio.sleep(0.05)  # the server's FIN arrives while the connection idles
+            # A POST is never resent: it only succeeds if the closed connection is skipped.
+            response = await client.request("POST", "/x", body=b"{}", connect_timeout=2)
+            assert (response.status, await response.read()) == (200, b"{}")
+            response.release()
+        finally:
+            await client.close()
+    assert [s.connection for s in server.seen] == [0, 1]
+
+
+# --- framing, encodings, statuses ------------------------------------------------------------
+
+async def test_a_chunked_stream_reads_line_by_line_and_leaves_a_reusable_connection():
+    events = [json.dumps({"type": "ADDED", "object": {"n": i}}).encode() + b"\n"
+              for i in range(3)]
+    # Chunks that split lines anywhere: half an event, one and a half, the rest.
+    stream = b"".join(events)
+    pieces = [stream[:10], stream[10:70], stream[70:]]
+    async with scripted(lambda r, i: chunked(*pieces, pause=0.01) if i == 0 else ok()) as server:
+        client = HttpClient(server.url)
+        try:
+            response = await client.request("GET", "/w", connect_timeout=2, read_timeout=2)
+            lines = []
+            while line := await response.readline():
+                lines.append(line)
+            assert lines == events and response.at_eof
+            response.release()
+            assert await get(client) == (200, b"{}")
+        finally:
+            await client.close()
+    assert server.connections == 1
+
+
+async def test_a_watch_through_the_raw_api_ends_cleanly_at_the_stream_end():
+    events = [b'{"type": "ADDED", "object": {"kind": "ResourceSlice"}}\n',
+              b"\n", b'{"type": "BOOKMARK", "object": {}}\n']
+    async with (scripted(lambda r, i: chunked(*events)) as server,
+                ApiSession.for_url(server.url) as session):
+        api = RawApi(session, timeout=2)
+        async with await api.watch(RESOURCE_SLICES, field_selector="spec.nodeName=n",
+                                   resource_version="5", timeout_seconds=30) as stream:
+            assert (await stream.next() or {})["type"] == "ADDED"
+            assert (await stream.next() or {})["type"] == "BOOKMARK"
+            assert await stream.next() is None
+    target = server.seen[0].target
+    assert target.startswith("/apis/resource.k8s.io/v1/resourceslices?watch=true&")
+    assert "fieldSelector=spec.nodeName%3Dn" in target and "resourceVersion=5" in target
+
+
+async def test_a_body_that_ends_with_the_connection_and_a_gzip_body():
+    packed = gzip.compress(b'{"kind": "NodeList"}')
+    answers: list[list[Piece]] = [
+        [b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", b'{"a":', 0.01, b" 1}"],
+        ok(packed, "Content-Encoding: gzip"),
+        chunked(packed[:5], packed[5:], head=b"Content-Encoding: gzip\r\n"),
+        [b"HTTP/1.1 204 No Content\r\n\r\n"],
+        [b"HTTP/1.1 100 Continue\r\n\r\n", *ok(b"{}")],
+    ]
+    async with scripted(lambda r, i: answers[i]) as server:
+        client = HttpClient(server.url)
+        try:
+            assert await get(client) == (200, b'{"a": 1}')
+            assert await get(client) == (200, b'{"kind": "NodeList"}')
+            assert await get(client) == (200, b'{"kind": "NodeList"}')
+            assert await get(client) == (204, b"")
+            assert await get(client) == (200, b"{}")
+        finally:
+            await client.close()
+    assert server.seen[0].headers["accept-encoding"] == "gzip"
+    assert server.connections == 2  # the first answer ended its connection
+
+
+@pytest.mark.parametrize(("answer", "error"), [
+    (b"SSH-2.0-OpenSSH\r\n\r\n", BadResponse),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", BadResponse),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", BadResponse),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n{}", ServerDisconnected),
+], ids=["not-http", "bad-length", "bad-chunk", "short-body"])
+async def test_broken_answers_are_errors_and_unreachable_through_the_raw_api(answer, error):
+    async with scripted(lambda r, i: [answer, CLOSE]) as server:
+        client = HttpClient(server.url)
+        try:
+            with pytest.raises(error):
+                await get(client)
+        finally:
+            await client.close()
+        async with ApiSession.for_url(server.url) as session:
+            with pytest.raises(Unreachable) as caught:
+                await RawApi(session, timeout=2).get(NODES, "node-a")
+        assert caught.value.reason == error.__name__
+
+
+async def test_requests_carry_their_body_and_headers():
+    async with scripted(lambda r, i: ok()) as server:
+        client = HttpClient(server.url + "/prefix/")
+        try:
+            response = await client.request(
+                "PATCH", "/apis/x", query=[("fieldManager", "gpu.nvidia.com")],
+                headers={"Content-Type": "application/apply-patch+yaml"}, body=b'{"a": 1}',
+                connect_timeout=2)
+            response.release()
+            await (await client.request("DELETE", "/d", connect_timeout=2)).read()
+        finally:
+            await client.close()
+    patch, delete = server.seen
+    assert (patch.method, patch.target, patch.body) == (
+        "PATCH", "/prefix/apis/x?fieldManager=gpu.nvidia.com", b'{"a": 1}')
+    assert patch.headers["content-type"] == "application/apply-patch+yaml"
+    assert "content-length" not in delete.headers
+
+
+async def test_a_header_value_cannot_smuggle_a_header_line():
+    client = HttpClient("http://127.0.0.1:1")
+    with pytest.raises(HttpError, match="the Authorization header has a line break"):
+        await client.request("GET", "/", headers={"Authorization": "Bearer t\r\nX: y"},
+                             connect_timeout=1)
+    with pytest.raises(HttpError, match="'ftp://x' is not an http or https URL"):
+        HttpClient("ftp://x")
+
+
+async def test_idle_connections_are_kept_to_a_limit_and_closed_after_a_while(monkeypatch):
+    monkeypatch.setattr(http_client, "MAX_IDLE", 2)
+    monkeypatch.setattr(http_client, "IDLE_TIMEOUT", 0.3)
+    async with scripted(lambda r, i: [0.1, *ok()]) as server:
+        client = HttpClient(server.url)
+        try:
+            assert await asyncio.gather(*(get(client) for _ in range(4))) == [(200, b"{}")] * 4
+            assert len(client._idle) == 2  # the two beyond the limit were closed at once
+            await eventually(lambda: not client._idle and server.closed_by_client == 4)
+        finally:
+            await client.close()
+    assert server.connections == 4
+
+
+# --- timeouts and closing --------------------------------------------------------------------
+
+async def test_a_tls_handshake_that_never_comes_is_cut_off_by_the_connect_timeout():
+    async with scripted(lambda r, i: None) as server:  # speaks no TLS: never answers hello
+        client = HttpClient(server.url.replace("http:", "https:"))
+        started = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError):
+                await client.request("GET", "/", connect_timeout=0.3)
+        finally:
+            await client.close()
+        assert time.monotonic() - started < 1.5
+
+
+async def test_a_quiet_watch_ends_at_its_read_deadline_not_before():
+    async with (scripted(lambda r, i: [*chunked(b'{"type": "ADDED", "object": {}}\n')[:2],
+                                       0.6, b"0\r\n\r\n"]) as server,
+                ApiSession.for_url(server.url) as session):
+        api = RawApi(session, timeout=0.4)  # the read deadline: 0 + 0.4 s
+        stream = await api.watch(RESOURCE_SLICES, field_selector="", resource_version="",
+                                 timeout_seconds=0)
+        async with stream:
+            assert (await stream.next() or {})["type"] == "ADDED"
+            started = time.monotonic()
+            with pytest.raises(Unreachable) as caught:
+                await stream.next()
+            assert 0.3 < time.monotonic() - started < 2.0
+        assert caught.value.reason == "Timeout" and caught.value.message == "watch went quiet"
+
+
+async def test_closing_the_client_closes_every_connection_idle_or_streaming():
+    async with scripted(lambda r, i: ok() if i < 2 else chunked(b"{}\n", pause=30.0)) as server:
+        client = HttpClient(server.url)
+        first, second = await asyncio.gather(*(client.request("GET", "/", connect_timeout=2)
+                                               for _ in range(2)))
+        await first.read()
+        first.release()
+        await second.read()
+        second.release()
+        watch = await client.request("GET", "/w", connect_timeout=2)
+        assert await watch.readline() == b"{}\n"
+        assert len(client._idle) == 1 and len(client._busy) == 1
+        await client.close()
+        assert not client._idle and not client._busy
+        await asyncio.sleep(0.05)
+        with pytest.raises(Exception, match="closed"):
+            await client.request("GET", "/", connect_timeout=2)
+    assert server.connections == 2
+    assert server.closed_by_client == 2

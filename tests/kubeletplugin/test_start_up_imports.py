@@ -1,0 +1,42 @@
+"""What ``gpudra node`` imports before it serves the kubelet sockets: start-up time until
+``GetInfo`` answers is mostly imports, so the driver's modules load later, off the loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+PHASE_TWO = (
+    "pydantic", "pynvml", "aiohttp", "kubernetes",
+    "gpudra.driver.nvml", "gpudra.driver.checkpoint_model", "gpudra.driver.device_state",
+    "gpudra.driver.health_monitor", "gpudra.driver.usage_sampler",
+    "gpudra.kubeletplugin.node_state", "gpudra.kubeletplugin.preparer",
+    "gpudra.controller.publisher",
+)
+
+
+def imported_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code) + "\nimport sys\nprint(*sys.modules)"],
+        check=True, capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+def test_the_first_phase_imports_none_of_the_driver_modules():
+    modules = imported_after("import gpudra.cli.main, gpudra.cli.node_cmd, "
+                             "gpudra.kubeletplugin.daemon")
+    assert "grpc.aio" in modules and "gpudra.kubeletplugin.server" in modules
+    assert sorted(modules & set(PHASE_TWO)) == []
+
+
+def test_the_node_command_imports_the_daemon_only_to_run_it():
+    modules = imported_after("import gpudra.cli.main, gpudra.cli.node_cmd")
+    assert "gpudra.kubeletplugin.daemon" not in modules
+    assert "grpc" not in modules  # so `gpudra node --help` does not pay for it
+
+
+def test_the_second_phase_imports_what_it_uses():
+    modules = imported_after("from gpudra.kubeletplugin import daemon\n"
+                             "daemon._import_client_modules()")
+    assert sorted(set(PHASE_TWO) - {"aiohttp", "kubernetes"} - modules) == []
