@@ -5,8 +5,10 @@
 Starts the API-server stand-in in its own process (``bench.remote_api``), runs
 ``gpudra node --simulate dgx-h100 --shareable-gpus all`` and drives it with the kubelet
 emulator. Each round, on the next of the 8 GPUs: prepare and unprepare a whole-GPU claim;
-prepare a first share (the GPU's MPS control daemon starts), a second share joining it,
-unprepare the joining share, then the last one (the daemon stops). One claim per call.
+prepare a first share (the GPU's MPS control daemon starts), a share joining it under the
+daemon's limits (only a CDI spec: the batched path), one raising them (the daemon is told,
+the claim recorded as started first), unprepare both joiners, then the last share (the
+daemon stops). One claim per call; CDI specs on tmpfs, as on a node (bench.node_daemon).
 Issue 15 asks for a share's prepare within 2x a whole GPU's; the ratios are printed.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -21,7 +24,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from bench.node_daemon import _prepare_ok, _unprepare, make_claim, pct, summary
+from bench.node_daemon import _prepare_ok, _unprepare, cdi_on_tmpfs, make_claim, pct, summary
 from bench.remote_api import RemoteApi
 from gpudra.api.claims import ClaimRef
 from gpudra.driver import mps_process
@@ -61,7 +64,8 @@ def control_daemons(under: Path) -> list[int]:
 async def rounds(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
                  count: int, run: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {k: [] for k in (
-        "full", "full-unprepare", "first", "join", "join-unprepare", "last-unprepare")}
+        "full", "full-unprepare", "first", "join", "raise", "join-unprepare",
+        "last-unprepare")}
     for i in range(count):
         gpu = i % GPUS
         full = make_claim(api, f"r{run}-full-{i}", [f"gpu-{gpu}"])
@@ -69,9 +73,12 @@ async def rounds(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
         times["full-unprepare"].append(await _unprepare(kubelet, [full]))
         first = share_claim(api, f"r{run}-first-{i}", gpu)
         times["first"].append(await _prepare_ok(kubelet, [first]))
-        join = share_claim(api, f"r{run}-join-{i}", gpu, "40Gi", "66")
+        join = share_claim(api, f"r{run}-join-{i}", gpu, "10Gi", "16")
         times["join"].append(await _prepare_ok(kubelet, [join]))
+        bigger = share_claim(api, f"r{run}-raise-{i}", gpu, "40Gi", "66")
+        times["raise"].append(await _prepare_ok(kubelet, [bigger]))
         times["join-unprepare"].append(await _unprepare(kubelet, [join]))
+        times["join-unprepare"].append(await _unprepare(kubelet, [bigger]))
         times["last-unprepare"].append(await _unprepare(kubelet, [first]))
         assert not control_daemons(daemon.plugins), "the last share left its MPS daemon"
     return times
@@ -81,13 +88,14 @@ def report(times: dict[str, list[float]]) -> None:
     labels = {"full": "prepare, whole GPU",
               "full-unprepare": "unprepare, whole GPU",
               "first": "prepare, first share of a GPU (MPS start)",
-              "join": "prepare, share joining a shared GPU",
+              "join": "prepare, share joining under the daemon's limits",
+              "raise": "prepare, share joining that raises them",
               "join-unprepare": "unprepare, share that is not the last",
               "last-unprepare": "unprepare, last share of a GPU (MPS stop)"}
     for key, label in labels.items():
         print(summary(label, times[key]))
     full = pct(times["full"], 50)
-    for key in ("first", "join"):
+    for key in ("first", "join", "raise"):
         print(f"p50 ratio {key} share / whole GPU: {pct(times[key], 50) / full:.2f}x"
               f"   (p95 {pct(times[key], 95) / pct(times['full'], 95):.2f}x)")
 
@@ -98,7 +106,9 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"--- run {run + 1}/{args.runs}")
         with RemoteApi() as api:
             api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-            daemon = Daemon(api.url, extra_args=["--shareable-gpus", "all"])
+            cdi = contextlib.ExitStack()
+            daemon = Daemon(api.url, extra_args=["--shareable-gpus", "all",
+                                                 *cdi.enter_context(cdi_on_tmpfs())])
             daemon.start()
             try:
                 async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
@@ -113,6 +123,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 for pid in control_daemons(daemon.plugins):  # a failed run leaves none
                     os.kill(pid, signal.SIGKILL)
                 shutil.rmtree(daemon.base, ignore_errors=True)
+                cdi.close()
     if args.runs > 1:
         print(f"--- all {args.runs} runs")
         report(merged)

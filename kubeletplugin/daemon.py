@@ -18,6 +18,7 @@ task: restarted with back-off when it dies, named in ``/readyz`` while it is dow
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -277,6 +278,11 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     runtime.supervisor.start("claim status", status.run)
     runtime.supervisor.start("idle events", idle_events.run)
     runtime.step = None
+    # Start-up's objects (modules, the device model, slices) live as long as the process:
+    # frozen, later collections skip them, so a full collection costs ~1 ms, not ~15 ms,
+    # and no longer lands in the middle of a kubelet call.
+    gc.collect()
+    gc.freeze()
     log.info("node daemon running", node=config.node_name, driver=config.driver_name,
              devices=len(state.index.devices.devices), simulate=config.simulate)
 
