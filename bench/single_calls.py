@@ -1,0 +1,74 @@
+"""Single-claim prepare/unprepare pairs only: a quick A/B of two trees on the hot path.
+
+    PYTHONPATH=. .venv/bin/python -m bench.single_calls [--pairs 200] [--cdi-tmpfs]
+
+The claims are created before timing starts, so the API server is idle during the calls
+(``bench.node_daemon`` creates each claim just before its prepare, as a scheduler would).
+Run it alternately in two checkouts (each with its own ``./dev`` venv) to compare them under
+the same machine state: the VM's speed drifts by 2x within an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+
+from bench.bytecode import compile_tree
+from bench.node_daemon import (
+    _prepare_ok,
+    _unprepare,
+    cdi_on_tmpfs,
+    cpu_seconds,
+    make_claim,
+    summary,
+)
+from bench.remote_api import RemoteApi
+from gpudra.testing.kubelet_emulator import KubeletEmulator
+from tests.integration.daemon import Daemon
+
+WARM_UP = 20
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with RemoteApi() as api, contextlib.ExitStack() as stack:
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+        cdi = stack.enter_context(cdi_on_tmpfs()) if args.cdi_tmpfs else []
+        daemon = Daemon(api.url, extra_args=cdi)
+        daemon.start()
+        try:
+            assert daemon.process is not None
+            async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+                refs = [make_claim(api, f"c-{i}", [f"gpu-{i % 8}"])
+                        for i in range(args.pairs + WARM_UP)]
+                for ref in refs[:WARM_UP]:
+                    await _prepare_ok(kubelet, [ref])
+                    await _unprepare(kubelet, [ref])
+                prepare, unprepare = [], []
+                cpu = cpu_seconds(daemon.process.pid)
+                for ref in refs[WARM_UP:]:
+                    prepare.append(await _prepare_ok(kubelet, [ref]))
+                    unprepare.append(await _unprepare(kubelet, [ref]))
+                cpu = cpu_seconds(daemon.process.pid) - cpu
+            print(summary("prepare, 1 claim per call", prepare))
+            print(summary("unprepare, 1 claim per call", unprepare))
+            print(f"daemon CPU per pair: {cpu / args.pairs * 1000:.2f} ms")
+        finally:
+            daemon.stop()
+            shutil.rmtree(daemon.base, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--cdi-tmpfs", action="store_true",
+                        help="CDI specs on tmpfs, as /var/run/cdi is on a node")
+    args = parser.parse_args()
+    compile_tree()
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
