@@ -120,6 +120,20 @@ NONE: Final = ShareableGpus()
 ALL: Final = ShareableGpus(everything=True)
 
 
+def keeping(shareable: ShareableGpus, in_use: Iterable[str]) -> ShareableGpus:
+    """``shareable`` plus the GPUs (UUIDs) that hold prepared shares.
+
+    A shared device must stay published while shares of it are prepared, whatever
+    ``--shareable-gpus`` now says: the scheduler counts a live share's counters only
+    through the device it was allocated from, so withdrawing the device would let it place
+    a whole GPU or a MIG device over running shares (the node would refuse that prepare, and
+    the pod would retry forever).
+    """
+    if shareable.everything:
+        return shareable
+    return ShareableGpus(minors=shareable.minors, uuids=shareable.uuids | frozenset(in_use))
+
+
 def parse_shareable(text: str | None) -> ShareableGpus:
     """``all`` | ``none`` | ``0,2,GPU-…``; empty means none."""
     value = (text or "").strip()

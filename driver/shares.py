@@ -182,6 +182,15 @@ def entries_of(record: ClaimRecord) -> list[ShareEntry]:
             for sid, raw in (record.restore.get("shares") or {}).items()]
 
 
+def shared_gpus(cp: Checkpoint) -> dict[str, int]:
+    """GPU UUID → how many prepared shares it holds, for the GPUs that hold any."""
+    found: dict[str, int] = {}
+    for record in cp.completed().values():
+        for entry in entries_of(record):
+            found[entry.gpu] = found.get(entry.gpu, 0) + 1
+    return found
+
+
 def shares_on_gpu(cp: Checkpoint, gpu: str, exclude_uid: str) -> list[ShareEntry]:
     """Shares of prepared claims on ``gpu`` (claims still being prepared are not counted:
     their rollback is reconcile's, under the same locks)."""

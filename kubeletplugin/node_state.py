@@ -20,6 +20,7 @@ from gpudra.driver.device_state import DeviceState
 from gpudra.driver.driver_root import DriverRoot
 from gpudra.driver.faults import delay_point, fail_point
 from gpudra.driver.gpu_locks import GpuLockTimeout
+from gpudra.driver.gpu_shares import ShareableGpus, keeping
 from gpudra.driver.inventory import (
     NodeInventory,
     read_inventory,
@@ -30,6 +31,7 @@ from gpudra.driver.inventory import (
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlError
 from gpudra.driver.prepare_plan import NodeIndex
+from gpudra.driver.shares import shared_gpus
 from gpudra.driver.sim.commands import SimulatedCommandRunner
 from gpudra.kubeletplugin.node_config import NodeConfig
 
@@ -69,7 +71,8 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
             populate_driver_root(paths.driver_root, _minors(inventory), layout="host",
                                  devices=False)
     store = open_checkpoint(paths.data_dir)
-    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), shareable=config.shareable)
+    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
+                           shareable=_shareable(config, store, inventory))
     commands: CommandRunner
     if paths.sim_state is not None:
         commands = SimulatedCommandRunner(paths.sim_state)
@@ -101,6 +104,26 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
     state.inventory = inventory
     _warn_unavailable(inventory, report.unavailable_gpus, state)
     return state
+
+
+def _shareable(config: NodeConfig, store: CheckpointStore,
+               inventory: NodeInventory) -> ShareableGpus:
+    """``--shareable-gpus``, plus every GPU that still holds prepared shares (its shared
+    device stays published until they are gone and the daemon restarts: see
+    :func:`gpudra.driver.gpu_shares.keeping`)."""
+    in_use = shared_gpus(store.load())  # this boot's claims only
+    if not config.gates.enabled("ConsumableCapacity"):
+        for gpu, count in in_use.items():  # publishing it could get the slices refused
+            log.warning("GPU holds prepared shares but the ConsumableCapacity gate is off: "
+                        "its shared device is not published, and the scheduler does not "
+                        "count these shares", gpu=gpu, shares=count)
+        return config.shareable
+    minors = {g.probe.uuid: g.probe.minor for g in inventory.gpus}
+    for gpu, count in in_use.items():
+        if not config.shareable.covers(minors.get(gpu, -1), gpu):
+            log.warning("GPU is not in --shareable-gpus but holds prepared shares: its shared "
+                        "device stays published until they are gone", gpu=gpu, shares=count)
+    return keeping(config.shareable, in_use)
 
 
 def _minors(inventory: NodeInventory) -> list[int]:

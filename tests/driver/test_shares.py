@@ -12,7 +12,7 @@ import pytest
 from gpudra.driver import sim
 from gpudra.driver.claims import AllocatedDevice, ClaimError, ClaimToPrepare, OpaqueConfig
 from gpudra.driver.device_model import ModelOptions
-from gpudra.driver.gpu_shares import ALL, parse_shareable
+from gpudra.driver.gpu_shares import ALL, NONE, keeping, parse_shareable
 from gpudra.driver.shares import daemon_key
 from gpudra.driver.sim.mps_daemon import read_limits
 from tests.driver.node_fixture import DRIVER, POOL, SimNode, claim, start_node
@@ -283,3 +283,12 @@ def test_mig_and_shares_never_overlap(node):
     with pytest.raises(ClaimError, match="overlaps device 'gpu-0-shared' of claim"):
         node.state.prepare(claim(UID_A, mig))
     nothing_changed(node, UID_A)
+
+
+def test_keeping_adds_the_gpus_that_hold_shares():
+    listed = parse_shareable("1,GPU-aaaa")
+    kept = keeping(listed, ["GPU-bbbb"])
+    assert kept.covers(1, "GPU-x") and kept.covers(7, "GPU-aaaa") and kept.covers(7, "GPU-bbbb")
+    assert not kept.covers(2, "GPU-cccc")
+    assert keeping(NONE, []) == NONE
+    assert keeping(ALL, ["GPU-bbbb"]) == ALL
