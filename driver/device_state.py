@@ -156,7 +156,8 @@ class DeviceState:
         try:
             # Different GPUs proceed in parallel (other kubelet calls, the other daemon
             # instance); anything on the same GPU waits here.
-            with self.gpu_locks.hold(self._parents_of(claims), self._lock_timeout):
+            with self.gpu_locks.hold(self._parents_of(claims), self._lock_timeout), \
+                    self.driver_root.one_look():
                 self._prepare_held(claims, out)
         except GpuLockTimeout as exc:
             for claim in claims:

@@ -13,9 +13,11 @@ on every use, so a driver upgraded or reloaded under a running daemon is found a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,7 @@ class DriverRoot:
         self._watched = (self.driver.watch((*LIBRARY_DIRS, *BINARY_DIRS, *HOOK_DIRS))
                          + self.dev.watch(("dev",)))
         self._identity = identity(self._watched)
+        self._looked = threading.local()  # inside one_look(): this thread has looked
 
     @property
     def root(self) -> Path:
@@ -134,8 +137,21 @@ class DriverRoot:
         self.dev.forget()
         self._identity = identity(self._watched)
 
+    @contextlib.contextmanager
+    def one_look(self) -> Iterator[None]:
+        """Within: the driver's directories are looked at once, on entry, not again for each
+        claim of a kubelet call (a look is ~40 stats; a call may hold 64 claims)."""
+        self.refresh_if_changed()
+        self._looked.inside = True
+        try:
+            yield
+        finally:
+            self._looked.inside = False
+
     def refresh_if_changed(self) -> bool:
         """Refresh when a library, binary or device directory changed since the last look."""
+        if getattr(self._looked, "inside", False):
+            return False
         if identity(self._watched) == self._identity:
             return False
         before = self.driver_version()

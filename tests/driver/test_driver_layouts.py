@@ -161,3 +161,19 @@ def test_an_upgrade_under_a_running_daemon_is_found_without_refresh(tmp_path):
     firmware = [m.container_path for m in roots.common_edits().mounts if "firmware" in
                 m.container_path]
     assert all("/590.10.01/" in p for p in firmware) and firmware
+
+
+def test_one_look_per_call_then_the_next_call_sees_an_upgrade(tmp_path):
+    roots = node_roots(tmp_path, "operator")
+    lib = "/usr/lib/x86_64-linux-gnu"
+
+    def libcuda() -> str:
+        mounts = {m.container_path: m.host_path for m in roots.common_edits().mounts}
+        return mounts[f"{lib}/libcuda.so.1"]
+
+    with roots.one_look():  # one kubelet call: its claims share what was found on entry
+        before = libcuda()
+        populate_driver_root(tmp_path / "driver-root", [0, 1], layout="operator",
+                             dev_root=tmp_path / "dev-root", driver_version="590.10.01")
+        assert libcuda() == before
+    assert libcuda() == f"/run/nvidia/driver{lib}/libcuda.so.590.10.01"  # the next call
