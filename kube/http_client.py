@@ -156,6 +156,8 @@ class HttpClient:
         for name, value in (headers or {}).items():
             if "\n" in value or "\r" in value:  # a token read from a file, say
                 raise HttpError(f"the {name} header has a line break in it")
+            if not value.isascii():  # HTTP/1.1 field values are bytes; tokens are ASCII
+                raise HttpError(f"the {name} header has a character that is not ASCII")
             lines.append(f"{name}: {value}")
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}")

@@ -15,7 +15,9 @@ A queued claim is written :data:`WRITE_DELAY` after it was first queued, not at 
 write then does not compete with the kubelet's next calls for the daemon's one event loop
 (measured: applying status right after each call made a single unprepare 1.5 ms slower),
 changes that arrive meanwhile go out in one write, and a claim unprepared before its first
-write costs no write at all (outcome ``skipped``).
+write costs no write at all (outcome ``skipped``). Writes still waiting when the daemon
+stops are dropped: a claim unprepared in its last half second may keep our entries (such a
+claim is nearly always deleted with its pod).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class _Claim:
     removing: bool = False
     remove_attempts: int = 0
     written: bool = False
-    """Entries of ours may be on the server (a write succeeded, or one is in flight)."""
+    """Entries of ours may be on the server (a write succeeded, or one has begun)."""
 
 
 class ClaimStatusWriter:
@@ -210,6 +212,9 @@ class ClaimStatusWriter:
         entry = self._claims.get(uid)
         if entry is None:
             return
+        # From here on the server may get our entries: an unprepare that comes while this
+        # write reads the claim or sends it must queue their removal, not skip it.
+        entry.written = True
         ref = entry.ref
         if not entry.removing and entry.data is None:
             if entry.spec is None:  # answered from the checkpoint: the config is in the claim
@@ -217,21 +222,22 @@ class ClaimStatusWriter:
             if self._pass_records is None:
                 self._pass_records = await asyncio.to_thread(self._records)
             entry.data = self._device_data(entry, self._pass_records.get(uid))
+        if self._claims.get(uid) is not entry:
+            return  # replaced meanwhile (another allocation under the uid): its write follows
         body = self.apply_body(entry)
         removing = entry.removing  # may change while the write is in flight
-        entry.written = True  # from now on the server may have our entries
         try:
             await self._api.apply(RESOURCE_CLAIMS, ref.name, body, namespace=ref.namespace,
                                   subresource="status", field_manager=self._driver, force=True)
         except NotFound:
             STATUS_WRITES.labels("gone").inc()
-            self._claims.pop(uid, None)
+            self._drop(uid, entry)
             return
         except Invalid as exc:  # retrying the same content cannot help
             STATUS_WRITES.labels("rejected").inc()
             log.warning("claim status rejected", claim=str(ref), error=str(exc))
             if entry.removing:
-                self._claims.pop(uid, None)
+                self._drop(uid, entry)
             return
         except ApiCallError as exc:
             if entry.removing:
@@ -239,7 +245,7 @@ class ClaimStatusWriter:
                 if entry.remove_attempts >= REMOVE_ATTEMPTS:
                     STATUS_WRITES.labels("given_up").inc()
                     log.warning("claim status not removed", claim=str(ref), error=str(exc))
-                    self._claims.pop(uid, None)
+                    self._drop(uid, entry)
                     return
             STATUS_WRITES.labels("retry").inc()
             self._failures.failed((exc.status, exc.reason), "claim status write failed",
@@ -249,7 +255,12 @@ class ClaimStatusWriter:
         STATUS_WRITES.labels("ok").inc()
         self._failures.recovered("claim status writes work again")
         if removing:
-            self._claims.pop(uid, None)
+            self._drop(uid, entry)
+
+    def _drop(self, uid: str, entry: _Claim) -> None:
+        """Forget ``entry``, unless a newer one (the uid prepared again) has replaced it."""
+        if self._claims.get(uid) is entry:
+            del self._claims[uid]
 
     async def _claim_spec(self, ref: ClaimRef) -> ClaimToPrepare | None:
         """The claim's allocation and configs, for ``computeMode`` and ``sharing`` in

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -9,6 +10,19 @@ import pynvml
 import pytest
 
 from gpudra.driver import sim
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The CEL caches (``$XDG_CACHE_HOME/gpudra``) of this run, in-process and in the
+    processes it starts, go to a directory of its own, not the developer's home."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture

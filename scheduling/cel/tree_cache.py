@@ -38,14 +38,24 @@ _TOKEN_FIELDS: Final = 8
 
 
 def private_directory(path: Path) -> bool:
-    """Create ``path`` (mode 0700) if needed; whether it is ours alone to read and write."""
+    """Create ``path`` (mode 0700) if needed; whether it is ours alone to read and write.
+
+    The cache holds a pickle that Lark loads, so nobody else may be able to put files there
+    or swap the directory: ``path`` itself must be a real directory (not a symlink to one)
+    of ours, writable by us only, in a parent that only we or root can change, or that is
+    sticky (as ``/tmp``: others cannot rename what we own there).
+    """
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = path.stat()
+        info = os.lstat(path)
+        parent = os.lstat(path.parent)
     except OSError:
         return False
-    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
-            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    me = os.geteuid()
+    parent_safe = parent.st_uid in (me, 0) and (
+        not parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or parent.st_mode & stat.S_ISVTX)
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == me
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and bool(parent_safe)
             and os.access(path, os.R_OK | os.W_OK | os.X_OK))
 
 

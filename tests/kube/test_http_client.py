@@ -333,6 +333,9 @@ async def test_a_header_value_cannot_smuggle_a_header_line():
     with pytest.raises(HttpError, match="the Authorization header has a line break"):
         await client.request("GET", "/", headers={"Authorization": "Bearer t\r\nX: y"},
                              connect_timeout=1)
+    with pytest.raises(HttpError, match="the Authorization header has a character that is"):
+        await client.request("GET", "/", headers={"Authorization": "Bearer t\u2019"},
+                             connect_timeout=1)
     with pytest.raises(HttpError, match="'ftp://x' is not an http or https URL"):
         HttpClient("ftp://x")
 

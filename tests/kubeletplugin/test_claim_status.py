@@ -352,3 +352,26 @@ async def test_a_claim_prepared_by_an_earlier_daemon_has_its_entries_removed(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_unprepare_while_the_first_write_reads_the_claim_leaves_no_entries(
+        writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+    ref = put_claim(fake_api)
+    fake_api.delay(0.3, verb="get", resource="resourceclaims", count=1)
+    writer.prepared(ref, DEVICES, None)  # answered from the checkpoint: the write GETs it
+    await asyncio.sleep(0.1)  # the write is waiting for the claim
+    writer.unprepared(ref)
+    await asyncio.sleep(0.4)  # the write, and anything it queued, is done
+    await until(lambda: not writer.pending())
+    assert status_devices(fake_api) == []
+
+
+async def test_a_claim_prepared_again_while_its_write_reads_it_gets_the_new_devices(
+        writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+    ref = put_claim(fake_api)
+    fake_api.delay(0.3, verb="get", resource="resourceclaims", count=1)
+    writer.prepared(ref, DEVICES[:1], None)
+    await asyncio.sleep(0.1)
+    writer.prepared(ref, DEVICES, None)  # another allocation under the same uid
+    await until(lambda: len(status_devices(fake_api)) == 2 and not writer.pending())
+    assert {e["device"] for e in status_devices(fake_api)} == {d.device for d in DEVICES}

@@ -99,6 +99,21 @@ def test_only_a_private_directory_is_used(tmp_path):
     assert not tree_cache.private_directory(a_file)
 
 
+def test_a_symlink_or_an_open_parent_is_not_private(tmp_path):
+    """Someone else could swap what the path names and have Lark load their pickle."""
+    target = tmp_path / "target"
+    assert tree_cache.private_directory(target)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert not tree_cache.private_directory(link)
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)  # anyone may rename entries here
+    assert not tree_cache.private_directory(open_parent / "gpudra")
+    open_parent.chmod(0o1777)  # sticky, as /tmp: only the owner may
+    assert tree_cache.private_directory(open_parent / "gpudra")
+
+
 PROBE = textwrap.dedent("""
     import sys
     from gpudra.scheduling.cel import CelCompileError, compile_selector, grammar
