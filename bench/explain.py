@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bytecode import compile_tree
+from bench.preamble import compile_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIM = ROOT / "examples" / "two-mig-same-gpu" / "claim.yaml"

@@ -21,13 +21,12 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench.bytecode import compile_tree
+from bench.preamble import preamble
 from bench.remote_api import RemoteApi
 from gpudra.api.claims import ClaimRef
 from gpudra.kubeletplugin.grpc_probe import answers_get_info
@@ -64,11 +63,22 @@ def cdi_on_tmpfs() -> Iterator[list[str]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def metric_samples(port: int, name: str) -> list[tuple[str, int]]:
+    """(labels, value) of each sample of the daemon's metric ``name``, from ``/metrics``."""
+    _, text = http_get(port, "/metrics")
+    samples = []
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name):].rsplit(" ", 1)
+            samples.append((labels, int(float(value))))
+    return samples
+
+
 def status_writes(port: int) -> int:
     """Successful claim status writes so far, from the daemon's own metric."""
-    _, text = http_get(port, "/metrics")
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-               if line.startswith('gpudra_claim_status_writes_total{outcome="ok"}'))
+    return sum(count for labels, count in
+               metric_samples(port, "gpudra_claim_status_writes_total")
+               if labels == '{outcome="ok"}')
 
 
 def rss_mib(pid: int) -> float:
@@ -250,14 +260,11 @@ async def _timing_start(api: RemoteApi, node: str, d: Daemon) -> None:
 
 def _api_writes(port: int) -> tuple[int, int]:
     """(writes, all calls) the daemon made, from its own ``gpudra_api_calls`` metric."""
-    _, text = http_get(port, "/metrics")
     writes = total = 0
-    for line in text.splitlines():
-        if line.startswith("gpudra_api_calls_total{"):
-            count = int(float(line.rsplit(" ", 1)[1]))
-            total += count
-            if not any(f'verb="{v}"' in line for v in ("get", "list", "watch")):
-                writes += count
+    for labels, count in metric_samples(port, "gpudra_api_calls_total"):
+        total += count
+        if not any(f'verb="{v}"' in labels for v in ("get", "list", "watch")):
+            writes += count
     return writes, total
 
 
@@ -300,10 +307,7 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--cycles", type=int, default=10000)
     parser.add_argument("--steady", type=float, default=60.0)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
-    print(f"commit {head}")
-    compile_tree()  # start-ups timed as installed, not while compiling
+    preamble()
     asyncio.run(main_async(parser.parse_args()))
 
 

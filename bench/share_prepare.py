@@ -20,16 +20,14 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import uuid
-from pathlib import Path
 
-from bench.bytecode import compile_tree
 from bench.node_daemon import _prepare_ok, _unprepare, cdi_on_tmpfs, make_claim, pct, summary
+from bench.preamble import preamble
 from bench.remote_api import RemoteApi
 from gpudra.api.claims import ClaimRef
-from gpudra.driver import mps_process
 from gpudra.testing.kubelet_emulator import KubeletEmulator
+from tests.driver.test_mps import sim_daemons
 from tests.integration.daemon import Daemon, claim_object
 
 GPUS = 8
@@ -44,22 +42,6 @@ def share_claim(api: RemoteApi, name: str, gpu: int, memory: str = "20Gi",
         "memory": memory, "multiprocessors": multiprocessors, "shares": "1"})
     meta = api.put(obj)["metadata"]
     return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-
-
-def control_daemons(under: Path) -> list[int]:
-    """Live MPS control daemons started for directories under ``under``."""
-    mark = f"{mps_process.OWNER_ENV}={mps_process.owner_mark(under)}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(e.startswith(mark) for e in environ) and mps_process.alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
 
 
 async def rounds(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
@@ -81,7 +63,7 @@ async def rounds(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
         times["join-unprepare"].append(await _unprepare(kubelet, [join]))
         times["join-unprepare"].append(await _unprepare(kubelet, [bigger]))
         times["last-unprepare"].append(await _unprepare(kubelet, [first]))
-        assert not control_daemons(daemon.plugins), "the last share left its MPS daemon"
+        assert not sim_daemons(daemon.plugins), "the last share left its MPS daemon"
     return times
 
 
@@ -121,7 +103,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     merged.setdefault(key, []).extend(values)
             finally:
                 daemon.stop()
-                for pid in control_daemons(daemon.plugins):  # a failed run leaves none
+                for pid in sim_daemons(daemon.plugins):  # a failed run leaves none
                     os.kill(pid, signal.SIGKILL)
                 shutil.rmtree(daemon.base, ignore_errors=True)
                 cdi.close()
@@ -135,10 +117,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=24)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
-    print(f"commit {head} (working tree may differ); load {os.getloadavg()[0]:.2f}")
-    compile_tree()  # start-ups timed as installed, not while compiling
+    preamble()
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import shutil
 
-from bench.bytecode import compile_tree
 from bench.node_daemon import (
     _prepare_ok,
     _unprepare,
@@ -24,6 +23,7 @@ from bench.node_daemon import (
     make_claim,
     summary,
 )
+from bench.preamble import preamble
 from bench.remote_api import RemoteApi
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import Daemon
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--cdi-tmpfs", action="store_true",
                         help="CDI specs on tmpfs, as /var/run/cdi is on a node")
     args = parser.parse_args()
-    compile_tree()
+    preamble()
     asyncio.run(main_async(args))
 
 

@@ -143,19 +143,22 @@ def test_driver_and_kernel_module_versions(tmp_path):
     assert node_roots(tmp_path / "h", "host").has_c_library()
 
 
+LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+def libcuda(roots: DriverRoot) -> str:
+    """The host path ``libcuda.so.1`` is mounted from, as a spec written now would say."""
+    mounts = {m.container_path: m.host_path for m in roots.common_edits().mounts}
+    return mounts[f"{LIB}/libcuda.so.1"]
+
+
 def test_an_upgrade_under_a_running_daemon_is_found_without_refresh(tmp_path):
     roots = node_roots(tmp_path, "operator")
-    lib = "/usr/lib/x86_64-linux-gnu"
-
-    def libcuda() -> str:
-        mounts = {m.container_path: m.host_path for m in roots.common_edits().mounts}
-        return mounts[f"{lib}/libcuda.so.1"]
-
-    assert libcuda().endswith(f"libcuda.so.{DRIVER_VERSION}")
+    assert libcuda(roots).endswith(f"libcuda.so.{DRIVER_VERSION}")
     with capture_logs() as logs:
         populate_driver_root(tmp_path / "driver-root", [0, 1], layout="operator",
                              dev_root=tmp_path / "dev-root", driver_version="590.10.01")
-        assert libcuda() == f"/run/nvidia/driver{lib}/libcuda.so.590.10.01"
+        assert libcuda(roots) == f"/run/nvidia/driver{LIB}/libcuda.so.590.10.01"
     changed = [e for e in logs if e["event"] == "driver files changed; discovering them again"]
     assert changed and changed[0]["version_now"] == "590.10.01"
     firmware = [m.container_path for m in roots.common_edits().mounts if "firmware" in
@@ -165,15 +168,9 @@ def test_an_upgrade_under_a_running_daemon_is_found_without_refresh(tmp_path):
 
 def test_one_look_per_call_then_the_next_call_sees_an_upgrade(tmp_path):
     roots = node_roots(tmp_path, "operator")
-    lib = "/usr/lib/x86_64-linux-gnu"
-
-    def libcuda() -> str:
-        mounts = {m.container_path: m.host_path for m in roots.common_edits().mounts}
-        return mounts[f"{lib}/libcuda.so.1"]
-
     with roots.one_look():  # one kubelet call: its claims share what was found on entry
-        before = libcuda()
+        before = libcuda(roots)
         populate_driver_root(tmp_path / "driver-root", [0, 1], layout="operator",
                              dev_root=tmp_path / "dev-root", driver_version="590.10.01")
-        assert libcuda() == before
-    assert libcuda() == f"/run/nvidia/driver{lib}/libcuda.so.590.10.01"  # the next call
+        assert libcuda(roots) == before
+    assert libcuda(roots) == f"/run/nvidia/driver{LIB}/libcuda.so.590.10.01"  # the next call

@@ -1,5 +1,7 @@
 """Two shares of one GPU through the real daemon over gRPC: one MPS control daemon with both
-clients' limits; it stays while a share is left and goes with the last."""
+clients' limits; it stays while a share is left and goes with the last. Each share has one
+``status.devices`` entry of its own, keyed by its shareID, written after prepare and gone
+after unprepare (the test API server applies and validates them like the real one)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.driver.test_mps import sim_daemons
 from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.test_claim_status_daemon import entries, eventually
 
 SHARES = {"share-a": ("5a5a5a5a-0000-4000-8000-00000000000a", "20Gi", "33"),
           "share-b": ("5b5b5b5b-0000-4000-8000-00000000000b", "40Gi", "66")}
@@ -92,4 +95,37 @@ async def test_two_shares_of_one_gpu_over_grpc(daemon, fake_api):
         assert (await kubelet.unprepare([a]))[a.uid]["error"] == ""
         assert not mps_process.alive(pid)
         assert not gpu_daemon_dir(daemon, gpu).exists()
+    assert daemon.stop() == 0
+
+
+async def test_each_share_has_one_status_entry_with_its_share_id(daemon, fake_api):
+    refs = {name: share_claim(fake_api, name) for name in SHARES}
+    daemon.start()
+    async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+        answer = await kubelet.prepare(list(refs.values()))
+        assert all(a["error"] == "" for a in answer.values()), answer
+
+        gpus = set()
+        for name, ref in refs.items():
+            share_id = SHARES[name][0]
+            (entry,) = await eventually(lambda ref=ref: entries(fake_api, ref),
+                                        f"status.devices of {name}")
+            assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (
+                DRIVER, "node-a", "gpu-0-shared", share_id)
+            assert entry["data"]["cdiDeviceIDs"] == [
+                f"k8s.{DRIVER}/claim={ref.uid}-gpu-0-shared-{share_id}"]
+            assert entry["data"]["uuid"].startswith("GPU-")
+            gpus.add(entry["data"]["uuid"])
+            ready = next(c for c in entry["conditions"] if c["type"] == "Ready")
+            assert ready["status"] == "True"
+        assert len(gpus) == 1  # both shares name the one GPU they share
+
+        a, b = refs["share-a"], refs["share-b"]
+        assert (await kubelet.unprepare([b]))[b.uid]["error"] == ""
+        await eventually(lambda: not entries(fake_api, b), "share-b's entry removed")
+        (entry,) = entries(fake_api, a)  # the other share's entry stays
+        assert entry["shareID"] == SHARES["share-a"][0]
+
+        assert (await kubelet.unprepare([a]))[a.uid]["error"] == ""
+        await eventually(lambda: not entries(fake_api, a), "share-a's entry removed")
     assert daemon.stop() == 0

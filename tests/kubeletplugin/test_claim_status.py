@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
 
 import pytest_asyncio
 from prometheus_client import REGISTRY
@@ -71,26 +73,33 @@ class EveryClaim(Mapping[str, ClaimRecord]):
         return 0
 
 
+def new_writer(session: ApiSession, **options: Any) -> ClaimStatusWriter:
+    return ClaimStatusWriter(RawApi(session), driver=DRIVER, records=EveryClaim,
+                             backoff=lambda: Backoff(initial=0.01, cap=0.05), **options)
+
+
+@contextlib.asynccontextmanager
+async def running(writer: ClaimStatusWriter) -> AsyncIterator[ClaimStatusWriter]:
+    """The writer with its background task, cancelled on the way out."""
+    task = asyncio.create_task(writer.run())
+    try:
+        yield writer
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 @pytest_asyncio.fixture
 async def writer(api_session: ApiSession) -> AsyncIterator[ClaimStatusWriter]:  # noqa: F811
-    writer = ClaimStatusWriter(RawApi(api_session), driver=DRIVER,
-                               records=EveryClaim,
-                               backoff=lambda: Backoff(initial=0.01, cap=0.05), delay=0.01)
-    task = asyncio.create_task(writer.run())
-    yield writer
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with running(new_writer(api_session, delay=0.01)) as started:
+        yield started
 
 
 @pytest_asyncio.fixture
 async def slow_writer(api_session: ApiSession) -> AsyncIterator[ClaimStatusWriter]:  # noqa: F811
     """A writer with the daemon's delay between a claim's first change and its write."""
-    writer = ClaimStatusWriter(RawApi(api_session), driver=DRIVER, records=EveryClaim,
-                               backoff=lambda: Backoff(initial=0.01, cap=0.05), delay=0.3)
-    task = asyncio.create_task(writer.run())
-    yield writer
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with running(new_writer(api_session, delay=0.3)) as started:
+        yield started
 
 
 def writes(outcome: str) -> float:
@@ -287,17 +296,11 @@ async def test_a_claim_answered_from_the_checkpoint_reads_its_config_for_the_dat
 
 async def test_without_health_checks_there_is_no_healthy_condition(
         fake_api: FakeApiServer, api_session: ApiSession):  # noqa: F811
-    writer = ClaimStatusWriter(RawApi(api_session), driver=DRIVER, records=EveryClaim,
-                               watch_health=False)
-    task = asyncio.create_task(writer.run())
-    try:
+    async with running(new_writer(api_session, watch_health=False)) as writer:
         ref = put_claim(fake_api)
         writer.prepared(ref, DEVICES, None)
         await until(lambda: len(status_devices(fake_api)) == 2)
         assert {c for e in status_devices(fake_api) for c in conditions(e)} == {"Ready"}
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_claim_unprepared_before_its_first_write_costs_no_write(
@@ -343,15 +346,9 @@ async def test_a_claim_prepared_by_an_earlier_daemon_has_its_entries_removed(
     ref = put_claim(fake_api)
     writer.prepared(ref, DEVICES, None)
     await until(lambda: len(status_devices(fake_api)) == 2 and not writer.pending())
-    restarted = ClaimStatusWriter(RawApi(api_session), driver=DRIVER,
-                                  records=EveryClaim, delay=0.01)
-    task = asyncio.create_task(restarted.run())
-    try:
+    async with running(new_writer(api_session, delay=0.01)) as restarted:
         restarted.unprepared(ref)  # never saw it prepared
         await until(lambda: status_devices(fake_api) == [] and not restarted.pending())
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_unprepare_while_the_first_write_reads_the_claim_leaves_no_entries(
