@@ -35,7 +35,7 @@ async def main_async(args: argparse.Namespace) -> None:
     with RemoteApi() as api, contextlib.ExitStack() as stack:
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
         cdi = stack.enter_context(cdi_on_tmpfs()) if args.cdi_tmpfs else []
-        daemon = Daemon(api.url, extra_args=cdi)
+        daemon = Daemon(api.url, extra_args=[*cdi, *args.extra])
         daemon.start()
         try:
             assert daemon.process is not None
@@ -65,6 +65,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--cdi-tmpfs", action="store_true",
                         help="CDI specs on tmpfs, as /var/run/cdi is on a node")
+    parser.add_argument("extra", nargs="*", metavar="DAEMON-ARG",
+                        help="more arguments for the daemon (after --), e.g. --log-level warning")
     args = parser.parse_args()
     preamble()
     asyncio.run(main_async(args))
