@@ -8,7 +8,10 @@ Each line is a cost the node daemon pays on its hot path and does not control:
   ends, as the daemon and the kubelet emulator), with a handler that does nothing: round
   trip p50 and the server's CPU per call;
 - a durable checkpoint commit of a 2 KiB file (write a temporary file, fsync, rename, fsync
-  the directory) on the checkpoint's disk (``--dir``, default /tmp) and on tmpfs;
+  the directory) on the checkpoint's disk (``--dir``, default /tmp) and on tmpfs: what a
+  compaction costs;
+- a durable append of one journal line (write on ``O_APPEND``, fdatasync): what a commit
+  that changes only claims costs;
 - the resident memory of the third-party packages the daemon imports, before any of ours;
 - the interpreter's start and those imports, in wall time.
 """
@@ -107,6 +110,25 @@ def commit_floor(directory: Path, count: int = 300) -> float:
     return statistics.median(took) * 1000
 
 
+def append_floor(directory: Path, count: int = 300) -> float:
+    """Median ms of one durable append of a 400-byte line (write on O_APPEND, fdatasync):
+    a claims-only checkpoint commit since the journal."""
+    line = os.urandom(199).hex().encode() + b"\n"
+    took = []
+    with tempfile.TemporaryDirectory(prefix="gd-floor-", dir=directory) as tmp:
+        fd = os.open(Path(tmp) / "checkpoint.journal",
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for _ in range(count):
+                started = time.perf_counter()
+                os.write(fd, line)
+                os.fdatasync(fd)
+                took.append(time.perf_counter() - started)
+        finally:
+            os.close(fd)
+    return statistics.median(took) * 1000
+
+
 def import_floor() -> tuple[float, float]:
     """(RSS MiB, wall ms) of a fresh interpreter that imports only third-party packages."""
     code = (f"import {_IMPORTS}\n"
@@ -135,6 +157,8 @@ def main() -> None:
     print(f"durable replace of a 2 KiB file (write, fsync, rename, fsync dir): "
           f"{commit_floor(args.dir):.2f} ms on {args.dir}, "
           f"{commit_floor(Path('/dev/shm')):.3f} ms on /dev/shm (tmpfs)")
+    print(f"durable append of a 400-byte line (write, fdatasync): "
+          f"{append_floor(args.dir):.2f} ms on {args.dir}")
     rss, wall = import_floor()
     print(f"interpreter + {_IMPORTS}: RSS {rss:.1f} MiB, {wall:.0f} ms from exec")
 

@@ -4,6 +4,12 @@ One JSON document::
 
     {"kind": "GpudraCheckpoint", "version": 2, "checksum": "sha256:<hex>", "data": {...}}
 
+Version 3 is the same document with ``data.journalGeneration`` naming the journal
+(:mod:`gpudra.driver.checkpoint_journal`) whose records complete it. It has its own version
+so that an older build, which would read the snapshot and miss the journal's claims, refuses
+it (``CheckpointVersionUnsupported``) instead; the generation sits inside ``data`` so the
+checksum covers it (a flipped digit must not silently detach the journal).
+
 Rules that keep upgrades and downgrades safe (NVIDIA's driver crash-looped on upgrade
 because it checksummed a re-marshalled typed model, issue #1080):
 
@@ -12,7 +18,8 @@ because it checksummed a re-marshalled typed model, issue #1080):
 - unknown fields are kept in each record and written back (the models allow extras), so a
   downgrade → upgrade round trip loses nothing;
 - ``version`` changes only for an incompatible layout; adding a field never bumps it.
-  Version 1 (the pre-two-phase layout) is migrated on load.
+  Version 1 (the pre-two-phase layout) is migrated on load; versions 2 and 3 are both
+  current (``save`` writes 3 while a journal is in use, ``compact`` writes 2).
 """
 
 from __future__ import annotations
@@ -20,15 +27,20 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from gpudra.driver.checkpoint_model import PREPARE_COMPLETED, Checkpoint
+from gpudra.driver.checkpoint_model import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 from gpudra.driver.mig import parse_device_name
 
 KIND = "GpudraCheckpoint"
 VERSION = 2
+"""The plain snapshot: everything is in this one file."""
+JOURNAL_VERSION = 3
+"""A snapshot completed by the records of its journal generation."""
+NEWEST = JOURNAL_VERSION
+JOURNAL_KEY = "journalGeneration"
 
 
 class CheckpointError(Exception):
@@ -53,7 +65,7 @@ class CheckpointVersionUnsupported(CheckpointError):
 
     def __init__(self, path: Path, version: object) -> None:
         super().__init__(
-            f"checkpoint {path} has version {version!r}; this gpudra reads versions 1..{VERSION}."
+            f"checkpoint {path} has version {version!r}; this gpudra reads versions 1..{NEWEST}."
             " It was written by a newer gpudra: roll forward, or move the file aside to start empty"
         )
         self.path = path
@@ -66,11 +78,27 @@ def checksum(data: object) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def encode(cp: Checkpoint) -> bytes:
+class Snapshot(NamedTuple):
+    """A decoded checkpoint file."""
+
+    checkpoint: Checkpoint
+    version: int
+    generation: str | None
+    """The journal generation that completes it (version 3), else ``None``."""
+
+
+def encode(cp: Checkpoint, *, generation: str | None = None) -> bytes:
+    """Version 2, or with ``generation`` version 3 (a journal of that generation completes it)."""
     # Checksum what a reader will parse, not an in-memory dict: integer keys become
     # strings on disk and would then sort differently.
     data = json.loads(cp.model_dump_json())
-    doc = {"kind": KIND, "version": VERSION, "checksum": checksum(data), "data": data}
+    version = VERSION
+    if generation is not None:
+        if JOURNAL_KEY in data:
+            raise ValueError(f"{JOURNAL_KEY!r} is reserved, not a checkpoint field")
+        data[JOURNAL_KEY] = generation
+        version = JOURNAL_VERSION
+    doc = {"kind": KIND, "version": version, "checksum": checksum(data), "data": data}
     # Compact: json's C encoder does not do indentation, and saves sit on the prepare path.
     return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
 
@@ -78,8 +106,15 @@ def encode(cp: Checkpoint) -> bytes:
 def decode(content: bytes, *, path: Path, boot_id: str) -> tuple[Checkpoint, int]:
     """Parse and verify a checkpoint file; returns it with the version it was written in.
 
-    ``boot_id`` is only used to fill in version 1 files, which did not record one.
+    ``boot_id`` is only used to fill in version 1 files, which did not record one. A
+    version 3 file is returned without its journal: see :func:`decode_snapshot`.
     """
+    snapshot = decode_snapshot(content, path=path, boot_id=boot_id)
+    return snapshot.checkpoint, snapshot.version
+
+
+def decode_snapshot(content: bytes, *, path: Path, boot_id: str) -> Snapshot:
+    """:func:`decode`, with the journal generation of a version 3 file."""
     try:
         doc = json.loads(content)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -88,12 +123,30 @@ def decode(content: bytes, *, path: Path, boot_id: str) -> tuple[Checkpoint, int
         raise CheckpointCorrupt(path, "top level is not a JSON object")
     version = doc.get("version")
     if version == VERSION:
-        return _decode_v2(doc, path), VERSION
+        return Snapshot(_decode_v2(doc, path), VERSION, None)
+    if version == JOURNAL_VERSION:
+        cp, generation = _decode_v3(doc, path)
+        return Snapshot(cp, JOURNAL_VERSION, generation)
     if version == 1:
-        return _decode_v1(doc, path, boot_id), 1
-    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+        return Snapshot(_decode_v1(doc, path, boot_id), 1, None)
+    if isinstance(version, int) and not isinstance(version, bool) and version > NEWEST:
         raise CheckpointVersionUnsupported(path, version)
     raise CheckpointCorrupt(path, f"unknown version {version!r}")
+
+
+def encode_claim(record: ClaimRecord) -> str:
+    """A claim record as the snapshot holds it under ``data.claims.<uid>``."""
+    return record.model_dump_json()
+
+
+def decode_claim(path: Path, uid: str, raw: object, where: str) -> ClaimRecord:
+    """A claim record in its on-disk form (as :func:`encode_claim` wrote it), checked."""
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt(path, f"{where}: expected an object, got {type(raw).__name__}")
+    try:
+        return ClaimRecord.model_validate({**raw, "uid": uid}, by_alias=True, by_name=False)
+    except ValidationError as err:
+        raise CheckpointCorrupt(path, _problems(err, where, v1=False)) from err
 
 
 def _verify(path: Path, stated: object, data: object) -> None:
@@ -112,6 +165,20 @@ def _decode_v2(doc: dict[str, Any], path: Path) -> Checkpoint:
         raise CheckpointCorrupt(path, "no 'data' object")
     _verify(path, doc.get("checksum"), doc["data"])
     return _validate(path, doc["data"], "data")
+
+
+def _decode_v3(doc: dict[str, Any], path: Path) -> tuple[Checkpoint, str]:
+    """Version 2's layout plus ``data.journalGeneration`` (covered by the checksum)."""
+    if doc.get("kind") != KIND:
+        raise CheckpointCorrupt(path, f"kind is {doc.get('kind')!r}, expected {KIND!r}")
+    data = doc.get("data")
+    if not isinstance(data, dict):
+        raise CheckpointCorrupt(path, "no 'data' object")
+    _verify(path, doc.get("checksum"), data)
+    generation = data.get(JOURNAL_KEY)
+    if not isinstance(generation, str) or not generation:
+        raise CheckpointCorrupt(path, f"data.{JOURNAL_KEY}: expected a non-empty string")
+    return _validate(path, {k: v for k, v in data.items() if k != JOURNAL_KEY}, "data"), generation
 
 
 def _decode_v1(doc: dict[str, Any], path: Path, boot_id: str) -> Checkpoint:

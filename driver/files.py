@@ -1,7 +1,8 @@
-"""Durable file replacement: what the checkpoint and the CDI specs both rely on."""
+"""Durable file replacement and appends: what the checkpoint and the CDI specs rely on."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -36,3 +37,16 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def append_durably(fd: int, content: bytes) -> None:
+    """Append ``content`` with one ``write`` to an ``O_APPEND`` file, then ``fdatasync``.
+
+    One write so that concurrent readers see the record whole or not yet; ``fdatasync``
+    (not ``fsync``) because the size it must persist with the data is all the metadata a
+    reader needs. A short write (disk full) raises: the caller removes what did land.
+    """
+    written = os.write(fd, content)
+    if written != len(content):
+        raise OSError(errno.ENOSPC, f"short write: {written} of {len(content)} bytes")
+    os.fdatasync(fd)

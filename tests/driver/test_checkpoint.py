@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpudra.driver.checkpoint_codec import CheckpointCorrupt, CheckpointVersionUnsupported, encode
+from gpudra.driver.checkpoint_lock import CheckpointLockTimeout
 from gpudra.driver.checkpoint_model import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -27,7 +28,7 @@ from gpudra.driver.checkpoint_model import (
     with_mig_mode_baseline,
     without_claim,
 )
-from gpudra.driver.checkpoint_store import CheckpointLockTimeout, CheckpointStore, current_boot_id
+from gpudra.driver.checkpoint_store import CheckpointStore, current_boot_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UID_A = "6f1c7a52-3b0e-4d5e-9a43-0c2f1e9b8d10"
@@ -93,10 +94,19 @@ def test_save_and_load_round_trip(tmp_path):
     store.save(cp)
     assert store.load() == cp
     doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    # A journal is in effect: version 3, its generation inside the checksummed data.
+    assert (doc["kind"], doc["version"]) == ("GpudraCheckpoint", 3)
+    assert doc["checksum"] == canonical_checksum(doc["data"])
+    assert isinstance(doc["data"]["journalGeneration"], str)
+    # Folded at a clean stop: version 2 again, which older builds read.
+    store.compact()
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
     assert (doc["kind"], doc["version"]) == ("GpudraCheckpoint", 2)
     assert doc["checksum"] == canonical_checksum(doc["data"])
+    assert "journalGeneration" not in doc["data"]
     assert doc["data"]["claims"][UID_A]["state"] == "PrepareCompleted"
     assert doc["data"]["claims"][UID_B]["devices"][0]["mig"]["gpuInstanceId"] == 5
+    assert CheckpointStore(tmp_path, boot_id="boot-1").load() == cp
 
 
 def test_restore_data_with_non_string_keys_still_verifies(tmp_path):
@@ -189,9 +199,11 @@ def test_wrong_field_type_names_the_field(tmp_path):
 
 
 def test_newer_major_version_is_not_treated_as_corrupt(tmp_path):
+    # 3 is this build's (snapshot with a journal); 4 would be the next incompatible one.
     (tmp_path / "checkpoint.json").write_text(json.dumps(
-        {"kind": "GpudraCheckpoint", "version": 3, "checksum": "x", "data": {}}))
-    with pytest.raises(CheckpointVersionUnsupported, match=r"version 3.*newer gpudra") as err:
+        {"kind": "GpudraCheckpoint", "version": 4, "checksum": "x", "data": {}}))
+    with pytest.raises(CheckpointVersionUnsupported,
+                       match=r"version 4.*reads versions 1\.\.3.*newer gpudra") as err:
         CheckpointStore(tmp_path, boot_id="b").load()
     assert not isinstance(err.value, CheckpointCorrupt)
 
@@ -270,10 +282,13 @@ def test_version_1_fixture_migrates_to_version_2(tmp_path):
     notebook = cp.claims[UID_B].devices[0]
     assert (notebook.kind, notebook.mig) == ("mig", None)
 
-    store.save(cp)
+    store.save(cp)  # changes nothing, yet rewrites the file in the current format
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert doc["version"] == 3
+    assert store.load_result().migrated_from is None
+    store.compact()
     doc = json.loads((tmp_path / "checkpoint.json").read_text())
     assert doc["version"] == 2
-    assert store.load_result().migrated_from is None
     assert store.load() == cp
 
 
@@ -321,7 +336,8 @@ def test_a_save_that_fails_midway_keeps_the_old_file(tmp_path, monkeypatch):
         store.save(Checkpoint(boot_id="boot-1"))
     monkeypatch.undo()
     assert store.load() == sample()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.journal", "checkpoint.json", "checkpoint.lock"]
 
 
 def test_stale_temp_files_of_crashed_writers_are_removed(tmp_path):
@@ -485,16 +501,28 @@ def test_a_read_of_unchanged_bytes_is_served_from_the_cache(tmp_path):
     assert store.load() is first  # parsed once, not per read
 
 
-def test_the_cache_sees_every_write_even_in_place_within_one_clock_tick(tmp_path):
+def test_the_cache_sees_every_write_of_another_store(tmp_path):
     store = CheckpointStore(tmp_path, boot_id="boot-1")
     other = CheckpointStore(tmp_path, boot_id="boot-1")  # another daemon instance
     store.save(sample())
     assert set(store.load().claims) == {UID_A, UID_B}
-    other.save(without_claim(other.load(), UID_B))
+    path, journal = tmp_path / "checkpoint.json", tmp_path / "checkpoint.journal"
+    snapshot, size = path.stat(), journal.stat().st_size
+    other.save(without_claim(other.load(), UID_B))  # claims only: appended
     assert set(store.load().claims) == {UID_A}
-    # Same size, same inode, no time for the mtime to move: only the content tells.
-    path = tmp_path / "checkpoint.json"
+    assert os.path.samestat(path.stat(), snapshot) and journal.stat().st_size > size
+    other.save(with_mig_mode_baseline(other.load(), "GPU-9", True))  # compacted
+    assert store.load().mig_mode_baseline == {"GPU-1111": False, "GPU-9": True}
+    assert path.stat().st_ino != snapshot.st_ino and journal.stat().st_size == 0
+    # gpudra never rewrites in place, so the cache is keyed on identity, not content.
+    # Another program's rewrite of the same size within one clock tick (mtime put back)
+    # is seen by the next reader (a restart), and by this one once the mtime moves.
+    before = path.stat()
     path.write_bytes(path.read_bytes().replace(b'"trainer"', b'"trainef"'))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        CheckpointStore(tmp_path, boot_id="boot-1").load()
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1))
     with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
         store.load()
 

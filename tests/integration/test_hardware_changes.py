@@ -20,6 +20,7 @@ import pytest
 
 from gpudra.api.claims import ClaimRef
 from gpudra.cli.main import main
+from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
@@ -52,8 +53,9 @@ def create_claim(api: FakeApiServer, name: str, **kwargs: Any) -> ClaimRef:
 
 
 def checkpoint(daemon: Daemon) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(
-        (daemon.plugins / DRIVER / "checkpoint.json").read_text())["data"]
+    """The checkpoint's data as on disk (snapshot and journal), in its JSON form."""
+    cp = CheckpointStore(daemon.plugins / DRIVER).load()
+    data: dict[str, Any] = json.loads(cp.model_dump_json())
     return data
 
 

@@ -1,0 +1,56 @@
+"""What a prepare and an unprepare cost in durable writes, on a simulated node."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpudra.driver import sim
+from tests.driver.node_fixture import SimNode, claim, start_node
+
+UID1 = "11111111-1111-4111-8111-111111111111"
+UID2 = "22222222-2222-4222-8222-222222222222"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[SimNode]:
+    n = start_node(tmp_path)
+    yield n
+    n.close()
+    sim.uninstall()
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The durable-write system calls made from now on (the os functions, wrapped)."""
+    calls: list[str] = []
+
+    def counting(name):
+        real = getattr(os, name)
+
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("fsync", "fdatasync", "replace", "rename"):
+        monkeypatch.setattr(os, name, counting(name))
+    return calls
+
+
+def test_a_full_gpu_prepare_commits_with_one_fdatasync(node, syncs):
+    node.state.prepare(claim(UID1, "gpu-0"))
+    # the CDI spec (renamed in, the directory synced once), then the checkpoint: one append
+    assert syncs == ["replace", "fsync", "fdatasync"]
+
+
+def test_an_unprepare_commits_with_one_fdatasync(node, syncs):
+    node.state.prepare(claim(UID1, "gpu-0"))
+    node.state.prepare(claim(UID2, "gpu-1"))
+    syncs.clear()
+    node.state.unprepare_many([UID1, UID2])
+    assert syncs == ["fdatasync"]
+    assert node.state.store.load().claims == {}
