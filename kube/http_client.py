@@ -99,6 +99,9 @@ class HttpClient:
         self._server_hostname = server_hostname if self._ssl else None
         self._host_header = parts.netloc.rpartition("@")[2]
         self._prefix = parts.path.rstrip("/")
+        # What every request's head says after its request line.
+        self._common = (f"\r\nHost: {self._host_header}\r\nUser-Agent: gpudra"
+                        "\r\nAccept-Encoding: gzip")
         self._idle: list[_Conn] = []
         self._busy: set[_Conn] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -151,8 +154,7 @@ class HttpClient:
     def _head(self, method: str, path: str, query: Sequence[tuple[str, str]],
               headers: Mapping[str, str] | None, body: bytes | None) -> bytes:
         target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}",
-                 "User-Agent: gpudra", "Accept-Encoding: gzip"]
+        lines = [f"{method} {target} HTTP/1.1{self._common}"]
         for name, value in (headers or {}).items():
             if "\n" in value or "\r" in value:  # a token read from a file, say
                 raise HttpError(f"the {name} header has a line break in it")
@@ -219,10 +221,15 @@ class _NoAnswer(Exception):
     """Internal: the connection ended before the first byte of an answer."""
 
 
-async def _within(seconds: float | None, awaitable: Awaitable[T]) -> T:
-    """``awaitable``, given at most ``seconds`` (None: as long as it takes)."""
+def _within(seconds: float | None, awaitable: Awaitable[T]) -> Awaitable[T]:
+    """``awaitable``, given at most ``seconds`` (None: as long as it takes; then
+    ``awaitable`` itself, without a coroutine around it)."""
     if seconds is None:
-        return await awaitable
+        return awaitable
+    return _bounded(seconds, awaitable)
+
+
+async def _bounded(seconds: float, awaitable: Awaitable[T]) -> T:
     async with asyncio.timeout(seconds):
         return await awaitable
 
@@ -231,7 +238,10 @@ async def _read_head(conn: _Conn, client: HttpClient, method: str,
                      read_timeout: float | None) -> Response:
     reader = conn.reader
     try:
-        await _within(read_timeout, conn.writer.drain())
+        # Usually the whole request went out in write(): nothing to wait for. A connection
+        # lost meanwhile shows in the read below, as it would in drain().
+        if conn.writer.transport.get_write_buffer_size():
+            await _within(read_timeout, conn.writer.drain())
         first = await _within(read_timeout, reader.readline())
     except TimeoutError:
         raise

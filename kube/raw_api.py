@@ -11,11 +11,12 @@ class ``gpudra.kube.errors`` gives its status (``NotFound``, ``Conflict``, ...).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from types import TracebackType
+from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
 from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
@@ -23,6 +24,9 @@ from gpudra.kube.http_client import HttpError, Response
 from gpudra.kube.metrics import API_CALLS
 from gpudra.kube.objects import Obj
 from gpudra.kube.session import ApiSession
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ NODES: Final = Resource("nodes", "/api/v1")
 RESOURCE_SLICES: Final = Resource("resourceslices", "/apis/resource.k8s.io/v1")
 RESOURCE_CLAIMS: Final = Resource("resourceclaims", "/apis/resource.k8s.io/v1", namespaced=True)
 EVENTS: Final = Resource("events", "/apis/events.k8s.io/v1", namespaced=True)
+
+_ACCEPT_JSON: Final[Mapping[str, str]] = {"Accept": "application/json"}
 
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 """Server-side apply; JSON is YAML, so the body stays JSON."""
@@ -89,19 +95,39 @@ def _counted(error: ApiCallError) -> ApiCallError:
     return error
 
 
-@contextmanager
-def _no_answer(verb: str, resource: Resource, name: str | None,
-               timeout: float) -> Iterator[None]:
-    """Turn the transport's failures (no HTTP answer) into a counted ``Unreachable``."""
-    try:
-        yield
-    except TimeoutError as exc:
-        raise _counted(api_error(verb, resource.plural, name, status=0, reason="Timeout",
-                                 message=f"no answer within {timeout:g}s")) from exc
-    except (HttpError, OSError) as exc:
-        raise _counted(api_error(verb, resource.plural, name, status=0,
-                                 reason=type(exc).__name__,
-                                 message=str(exc) or repr(exc))) from exc
+@functools.cache
+def _succeeded(verb: str, resource: str) -> Counter:
+    """``API_CALLS`` of successful calls, looked up once per verb and resource
+    (``labels()`` takes a lock and builds a key each time)."""
+    return API_CALLS.labels(verb, resource, "ok")
+
+
+class _NoAnswer:
+    """``with``: turn the transport's failures (no HTTP answer) into a counted
+    ``Unreachable``. A class, not a generator: it wraps every call."""
+
+    __slots__ = ("_name", "_resource", "_timeout", "_verb")
+
+    def __init__(self, verb: str, resource: Resource, name: str | None,
+                 timeout: float) -> None:
+        self._verb = verb
+        self._resource = resource
+        self._name = name
+        self._timeout = timeout
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(exc, TimeoutError):
+            raise _counted(api_error(self._verb, self._resource.plural, self._name, status=0,
+                                     reason="Timeout",
+                                     message=f"no answer within {self._timeout:g}s")) from exc
+        if isinstance(exc, HttpError | OSError):
+            raise _counted(api_error(self._verb, self._resource.plural, self._name, status=0,
+                                     reason=type(exc).__name__,
+                                     message=str(exc) or repr(exc))) from exc
 
 
 class RawApi:
@@ -119,9 +145,7 @@ class RawApi:
                     content_type: str = "application/json") -> Response:
         """Send one request; return the response once its status is a success. Transport
         failures pass through for the caller, who knows the deadline they belong to."""
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
+        headers = _ACCEPT_JSON if body is None else {**_ACCEPT_JSON, "Content-Type": content_type}
         response = await self._session.request(
             method, path, query=query, headers=headers,
             body=None if body is None else json.dumps(body).encode(),
@@ -143,7 +167,7 @@ class RawApi:
     async def _call(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
                     body: Obj | None = None, content_type: str = "application/json") -> Obj:
-        with _no_answer(verb, resource, name, self.timeout):
+        with _NoAnswer(verb, resource, name, self.timeout):
             # One deadline for headers and body: a stalled body must not hang the call.
             async with asyncio.timeout(self.timeout):
                 response = await self._open(
@@ -163,7 +187,7 @@ class RawApi:
             raise _counted(BadAnswer(verb, resource.plural, name, status=response.status,
                                      reason="BadJSON",
                                      message=f"expected an object, got {type(obj).__name__}"))
-        API_CALLS.labels(verb, resource.plural, "ok").inc()
+        _succeeded(verb, resource.plural).inc()
         return obj
 
     async def get(self, resource: Resource, name: str, *,
@@ -217,13 +241,13 @@ class RawApi:
             query.append(("fieldSelector", field_selector))
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        with _no_answer("watch", resource, None, self.timeout):
+        with _NoAnswer("watch", resource, None, self.timeout):
             # No deadline for the whole stream; each read waits until a little after the
             # server should have ended it.
             response = await self._open("watch", resource, None, "GET",
                                         resource.collection(namespace), query=query,
                                         read_timeout=timeout_seconds + self.timeout)
-        API_CALLS.labels("watch", resource.plural, "ok").inc()
+        _succeeded("watch", resource.plural).inc()
         return WatchStream(response, resource)
 
 

@@ -38,6 +38,11 @@ class ClaimFetcher:
         self, refs: Sequence[tuple[str, str, str]]
     ) -> list[Mapping[str, Any] | ClaimError]:
         """Fetch many claims at once; each slot holds the claim or the error for it."""
+        if len(refs) == 1:  # the kubelet's usual call: no task for gather to wrap it in
+            try:
+                return [await self.fetch(*refs[0])]
+            except ClaimError as error:
+                return [error]
         results = await asyncio.gather(*(self.fetch(*ref) for ref in refs),
                                        return_exceptions=True)
         out: list[Mapping[str, Any] | ClaimError] = []

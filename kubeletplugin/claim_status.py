@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,14 @@ STATUS_WRITES = Counter(
 an unprepared claim's entries abandoned); ``skipped`` (unprepared before anything was
 written for it: no write needed)."""
 
+
+@functools.cache
+def _writes(outcome: str) -> Counter:
+    """``STATUS_WRITES`` of one outcome, looked up once (``labels()`` locks and builds a
+    key; an unprepare counts ``skipped`` on the kubelet's call path)."""
+    return STATUS_WRITES.labels(outcome)
+
+
 WRITE_DELAY: Final = 0.5
 """Seconds between a claim's first queued change and its write. A pod's containers take
 longer than this to start, so the status is there when its user looks."""
@@ -69,7 +78,14 @@ DeviceKey = tuple[str, str, str | None]
 
 
 def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339_second(int(at))
+
+
+@functools.lru_cache(maxsize=4)
+def _rfc3339_second(second: int) -> str:
+    """Whole seconds, as conditions carry them; cached: a prepare stamps several conditions
+    in the same second, and ``strftime`` is most of what stamping one costs."""
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -108,6 +124,8 @@ class ClaimStatusWriter:
         self._claims: dict[str, _Claim] = {}
         self._due: dict[str, float] = {}  # uid → when to write it (monotonic)
         self._wake = asyncio.Event()
+        self._sleeping_until: float | None = None
+        """When the writer, waiting, wakes by itself (monotonic); None: not waiting for a time."""
         self._unhealthy: dict[str, str] = {}
         self._failures = FailureLog(log)
 
@@ -135,7 +153,7 @@ class ClaimStatusWriter:
         entry = self._claims.get(ref.uid)
         if entry is not None and not entry.written:
             # Prepared and unprepared before its first write: nothing on the server.
-            STATUS_WRITES.labels("skipped").inc()
+            _writes("skipped").inc()
             del self._claims[ref.uid]
             self._due.pop(ref.uid, None)
             return
@@ -183,10 +201,15 @@ class ClaimStatusWriter:
             if not self._due:
                 await self._wake.wait()
                 continue
-            wait = min(self._due.values()) - time.monotonic()
-            if wait > 0:
-                with contextlib.suppress(TimeoutError):  # woken early: something new queued
-                    await asyncio.wait_for(self._wake.wait(), wait)
+            soonest = min(self._due.values())
+            if soonest > time.monotonic():
+                self._sleeping_until = soonest
+                try:
+                    with contextlib.suppress(TimeoutError):  # woken early: something sooner
+                        async with asyncio.timeout_at(soonest):
+                            await self._wake.wait()
+                finally:
+                    self._sleeping_until = None
                 continue
             self._pass_records = None  # the checkpoint is read at most once per pass
             retry_after: float | None = None
@@ -230,11 +253,11 @@ class ClaimStatusWriter:
             await self._api.apply(RESOURCE_CLAIMS, ref.name, body, namespace=ref.namespace,
                                   subresource="status", field_manager=self._driver, force=True)
         except NotFound:
-            STATUS_WRITES.labels("gone").inc()
+            _writes("gone").inc()
             self._drop(uid, entry)
             return
         except Invalid as exc:  # retrying the same content cannot help
-            STATUS_WRITES.labels("rejected").inc()
+            _writes("rejected").inc()
             log.warning("claim status rejected", claim=str(ref), error=str(exc))
             if entry.removing:
                 self._drop(uid, entry)
@@ -243,16 +266,16 @@ class ClaimStatusWriter:
             if entry.removing:
                 entry.remove_attempts += 1
                 if entry.remove_attempts >= REMOVE_ATTEMPTS:
-                    STATUS_WRITES.labels("given_up").inc()
+                    _writes("given_up").inc()
                     log.warning("claim status not removed", claim=str(ref), error=str(exc))
                     self._drop(uid, entry)
                     return
-            STATUS_WRITES.labels("retry").inc()
+            _writes("retry").inc()
             self._failures.failed((exc.status, exc.reason), "claim status write failed",
                                   claim=str(ref), error=str(exc))
             self._queue(uid, wake=False)
             raise
-        STATUS_WRITES.labels("ok").inc()
+        _writes("ok").inc()
         self._failures.recovered("claim status writes work again")
         if removing:
             self._drop(uid, entry)
@@ -294,10 +317,11 @@ class ClaimStatusWriter:
 
     def _queue(self, uid: str, *, wake: bool = True) -> None:
         """Write the claim :data:`WRITE_DELAY` from now, or at once (``wake=False``: a retry,
-        paced by the writer's back-off)."""
+        paced by the writer's back-off). The writer is woken only if it would otherwise
+        wake too late: one wake-up per burst of prepares, not one per call."""
         at = time.monotonic() + (self._delay if wake else 0.0)
         self._due[uid] = min(self._due.get(uid, at), at)
-        if wake:
+        if wake and (self._sleeping_until is None or at < self._sleeping_until):
             self._wake.set()
 
     @staticmethod

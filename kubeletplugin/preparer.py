@@ -6,6 +6,9 @@ serialisation, one thread hop per call. A claim the checkpoint already holds as 
 answered from the checkpoint without asking the API server, so a kubelet restart during an
 API outage works. Logging is the gRPC layer's (:mod:`.dra_service`): a line per call and a
 warning per failed claim; here only metrics.
+
+The hop goes to :class:`DeviceThreads`, not ``asyncio.to_thread``: measured in the daemon,
+the default executor's futures, locks and context copy cost the loop ~0.1 ms per call.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
+from gpudra.kubeletplugin.device_threads import DeviceThreads
 from gpudra.kubeletplugin.interfaces import PrepareOutcome
 
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
-
 
 
 class PrepareObserver(Protocol):
@@ -41,7 +44,9 @@ class Preparer:
     """Implements :class:`gpudra.kubeletplugin.interfaces.ClaimPreparer`."""
 
     def __init__(self, *, driver: str, fetcher: ClaimFetcher, state: DeviceState,
-                 observer: PrepareObserver | None = None) -> None:
+                 observer: PrepareObserver | None = None,
+                 threads: DeviceThreads | None = None) -> None:
+        self._threads = threads or DeviceThreads()
         self._driver = driver
         self._fetcher = fetcher
         self._state = state
@@ -71,7 +76,7 @@ class Preparer:
         if not decoded:
             return outcomes
         started = time.perf_counter()
-        results = await asyncio.to_thread(self._state.prepare_many, [c for _, c in decoded])
+        results = await self._threads.run(self._state.prepare_many, [c for _, c in decoded])
         each = (time.perf_counter() - started) / len(decoded)
         for ref, claim in decoded:
             result = results[claim.uid]
@@ -84,6 +89,10 @@ class Preparer:
                 self._observer.prepared(ref, result, claim)
         return outcomes
 
+    async def close(self) -> None:
+        """At shutdown: wait for device work in progress, then end its threads."""
+        await asyncio.to_thread(self._threads.close)
+
     @staticmethod
     def _failed(ref: ClaimRef, exc: ClaimError) -> PrepareOutcome:
         metrics.PREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
@@ -93,7 +102,7 @@ class Preparer:
         if not claims:
             return {}
         started = time.perf_counter()
-        results = await asyncio.to_thread(self._state.unprepare_many, [r.uid for r in claims])
+        results = await self._threads.run(self._state.unprepare_many, [r.uid for r in claims])
         each = (time.perf_counter() - started) / len(claims)
         errors: dict[str, str | None] = {}
         for ref in claims:

@@ -328,6 +328,22 @@ async def test_requests_carry_their_body_and_headers():
     assert "content-length" not in delete.headers
 
 
+async def test_a_body_larger_than_the_socket_buffers_goes_out_whole_before_the_answer():
+    # write() cannot send it at once: the request waits for the rest to drain.
+    body = bytes(range(256)) * (32 * 1024)  # 8 MiB
+    async with scripted(lambda r, i: ok(b'{"n": %d}' % len(r.body))) as server:
+        client = HttpClient(server.url)
+        try:
+            response = await client.request("PUT", "/big", body=body, connect_timeout=2,
+                                            read_timeout=10)
+            assert await response.read() == b'{"n": %d}' % len(body)
+            response.release()
+            assert await get(client) == (200, b'{"n": 0}')  # the same connection, reused
+        finally:
+            await client.close()
+    assert server.seen[0].body == body and server.connections == 1
+
+
 async def test_a_header_value_cannot_smuggle_a_header_line():
     client = HttpClient("http://127.0.0.1:1")
     with pytest.raises(HttpError, match="the Authorization header has a line break"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
@@ -314,6 +315,25 @@ async def test_a_claim_unprepared_before_its_first_write_costs_no_write(
     await asyncio.sleep(0.4)
     assert patches(fake_api) == 0 and status_devices(fake_api) == []
     assert writes("skipped") == skipped + 1
+
+
+async def test_claims_queued_while_the_writer_waits_are_each_written_when_due(
+        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+    # The writer sleeps until the first claim is due; later ones do not wake it early but
+    # must still go out on time: right after the first (the unprepared one: never).
+    first, second, dropped = (put_claim(fake_api, name) for name in ("c1", "c2", "c3"))
+    slow_writer.prepared(first, DEVICES, None)
+    await asyncio.sleep(0.1)
+    queued = time.monotonic()
+    slow_writer.prepared(second, DEVICES, None)
+    slow_writer.prepared(dropped, DEVICES, None)
+    slow_writer.unprepared(dropped)
+    await until(lambda: len(status_devices(fake_api, "c1")) == 2)
+    assert status_devices(fake_api, "c2") == []  # not due yet
+    await until(lambda: len(status_devices(fake_api, "c2")) == 2)
+    assert time.monotonic() - queued >= 0.3 - 0.02
+    await asyncio.sleep(0.1)
+    assert patches(fake_api) == 2 and not slow_writer.pending()
 
 
 async def test_changes_within_the_delay_go_out_in_one_write(
