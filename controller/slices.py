@@ -86,16 +86,20 @@ def build_slices(
     """The node's whole pool as ResourceSlice dicts, in a fixed order (see module docstring).
 
     Pure and deterministic: the same devices always give equal output. Nothing is validated
-    here beyond layout; run ``slice_validation.ensure_valid`` before sending.
+    here beyond layout; run ``slice_validation.ensure_valid`` before sending. Equal leaves
+    (``{"string": "Hopper"}``, ``{"value": "1"}``) are one shared dict (:class:`_Leaves`):
+    read the output, or copy it before changing it.
     """
     parts: list[tuple[str, dict[str, Any]]] = []
+    leaves = _Leaves()
     sets = devices.counter_sets
     for n, start in enumerate(range(0, len(sets), RESOURCE_SLICE_MAX_COUNTER_SETS)):
         chunk = sets[start : start + RESOURCE_SLICE_MAX_COUNTER_SETS]
-        parts.append((_numbered(COUNTERS_SUFFIX, n), {"sharedCounters": _counter_sets(chunk)}))
+        parts.append((_numbered(COUNTERS_SUFFIX, n),
+                      {"sharedCounters": _counter_sets(chunk, leaves)}))
     for group, members in _grouped(devices):
         for n, device_chunk in enumerate(_device_chunks(members)):
-            body = {"devices": _devices(device_chunk)}
+            body = {"devices": [encode_device(d, leaves) for d in device_chunk]}
             parts.append((_numbered(group or UNGROUPED_SUFFIX, n), body))
     if not parts:
         # An empty pool is still a pool: publish it so the scheduler knows it is complete.
@@ -186,28 +190,63 @@ def _slice(
 # Map keys are emitted sorted, as Go's JSON encoder (and so the apiserver) returns them.
 
 
-def encode_attribute(value: AttributeValue) -> dict[str, Any]:
-    """One ``DeviceAttribute``; ``bool`` is tested before ``int`` since it is one in Python."""
+class _Leaves:
+    """The one-key leaf dicts of one build, each made once per distinct value and shared.
+
+    A dgx-h100 pool has ~5,500 of them (27 per device) but ~100 distinct ones. A pool
+    built as separate dicts is ~1.5 MiB, and the daemon's memory keeps its high-water mark
+    (CPython keeps freed memory for reuse), so a smaller build is a smaller daemon.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, type, object], dict[str, Any]] = {}
+        self._quantities: dict[int, str] = {}
+
+    def leaf(self, key: str, value: object) -> dict[str, Any]:
+        """``{key: value}``; the type is part of the identity (``1`` and ``True`` differ)."""
+        identity = (key, type(value), value)
+        found = self._seen.get(identity)
+        if found is None:
+            found = self._seen[identity] = {key: value}
+        return found
+
+    def quantity(self, value: int) -> dict[str, Any]:
+        """``{"value": <quantity>}``."""
+        text = self._quantities.get(value)
+        if text is None:
+            text = self._quantities[value] = format_quantity(value)
+        return self.leaf("value", text)
+
+
+def _attribute(value: AttributeValue) -> tuple[str, object]:
+    """The one field of a ``DeviceAttribute``; ``bool`` is tested before ``int`` since it is
+    one in Python."""
     if isinstance(value, bool):
-        return {"bool": value}
+        return "bool", value
     if isinstance(value, int):
-        return {"int": value}
+        return "int", value
     if isinstance(value, str):
-        return {"string": value}
+        return "string", value
     if isinstance(value, Version):
-        return {"version": value.value}
+        return "version", value.value
     raise TypeError(f"unsupported attribute value {value!r} ({type(value).__name__})")
 
 
-def _quantities(values: Mapping[str, int]) -> dict[str, dict[str, str]]:
-    return {name: {"value": format_quantity(values[name])} for name in sorted(values)}
+def encode_attribute(value: AttributeValue) -> dict[str, Any]:
+    """One ``DeviceAttribute``."""
+    key, encoded = _attribute(value)
+    return {key: encoded}
 
 
-def _capacities(device: Device) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = dict(_quantities(device.capacity))
+def _quantities(values: Mapping[str, int], leaves: _Leaves) -> dict[str, dict[str, Any]]:
+    return {name: leaves.quantity(values[name]) for name in sorted(values)}
+
+
+def _capacities(device: Device, leaves: _Leaves) -> dict[str, dict[str, Any]]:
+    out = _quantities(device.capacity, leaves)
     for name, policy in device.request_policies.items():
-        if name in out:
-            out[name]["requestPolicy"] = _request_policy(policy)
+        if name in out:  # a dict of its own: the quantity leaf is shared
+            out[name] = {**out[name], "requestPolicy": _request_policy(policy)}
     return out
 
 
@@ -218,12 +257,14 @@ def _request_policy(policy: RequestPolicy) -> dict[str, Any]:
                            "step": format_quantity(policy.step)}}
 
 
-def _counter_sets(counter_sets: Iterable[CounterSet]) -> list[dict[str, Any]]:
-    return [{"name": cs.name, "counters": _quantities(cs.counters)} for cs in counter_sets]
+def _counter_sets(counter_sets: Iterable[CounterSet], leaves: _Leaves) -> list[dict[str, Any]]:
+    return [{"name": cs.name, "counters": _quantities(cs.counters, leaves)}
+            for cs in counter_sets]
 
 
-def _consumption(consumption: CounterConsumption) -> dict[str, Any]:
-    return {"counterSet": consumption.counter_set, "counters": _quantities(consumption.counters)}
+def _consumption(consumption: CounterConsumption, leaves: _Leaves) -> dict[str, Any]:
+    return {"counterSet": consumption.counter_set,
+            "counters": _quantities(consumption.counters, leaves)}
 
 
 def _taint(taint: Taint) -> dict[str, Any]:
@@ -237,22 +278,22 @@ def _taint(taint: Taint) -> dict[str, Any]:
     return out
 
 
-def encode_device(device: Device) -> dict[str, Any]:
-    """One ``Device``; empty maps and lists are left out, as the apiserver would store it."""
+def encode_device(device: Device, leaves: _Leaves | None = None) -> dict[str, Any]:
+    """One ``Device``; empty maps and lists are left out, as the apiserver would store it.
+    Leaves are shared with the rest of the build given ``leaves``, else with nothing."""
+    if leaves is None:
+        leaves = _Leaves()
     out: dict[str, Any] = {"name": device.name}
     if device.allow_multiple_allocations:
         out["allowMultipleAllocations"] = True
     if device.attributes:
         attributes = device.attributes
-        out["attributes"] = {key: encode_attribute(attributes[key]) for key in sorted(attributes)}
+        out["attributes"] = {key: leaves.leaf(*_attribute(attributes[key]))
+                             for key in sorted(attributes)}
     if device.capacity:
-        out["capacity"] = _capacities(device)
+        out["capacity"] = _capacities(device, leaves)
     if device.consumes_counters:
-        out["consumesCounters"] = [_consumption(c) for c in device.consumes_counters]
+        out["consumesCounters"] = [_consumption(c, leaves) for c in device.consumes_counters]
     if device.taints:
         out["taints"] = [_taint(t) for t in device.taints]
     return out
-
-
-def _devices(devices: Iterable[Device]) -> list[dict[str, Any]]:
-    return [encode_device(device) for device in devices]

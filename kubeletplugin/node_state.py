@@ -32,7 +32,6 @@ from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlError
 from gpudra.driver.prepare_plan import NodeIndex
 from gpudra.driver.shares import shared_gpus
-from gpudra.driver.sim.commands import SimulatedCommandRunner
 from gpudra.kubeletplugin.node_config import NodeConfig
 
 log = structlog.get_logger("gpudra.node")
@@ -75,6 +74,9 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
                            shareable=_shareable(config, store, inventory))
     commands: CommandRunner
     if paths.sim_state is not None:
+        # Imported here: a real node never loads the simulator (~0.5 MiB of modules).
+        from gpudra.driver.sim.commands import SimulatedCommandRunner
+
         commands = SimulatedCommandRunner(paths.sim_state)
     else:
         commands = HostCommandRunner(paths.driver_root)

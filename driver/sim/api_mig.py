@@ -208,6 +208,7 @@ class MigApi(LibraryCore):
         with self.store.update() as state:
             gpu = state.gpus[index]
             mig.destroy_gpu_instance(gpu, self.find_gi(index, gpu, found.gi.serial).gi)
+        self.forget_gi(index, found.gi)
 
     @symbol
     def nvmlDeviceGetGpuInstances(self, device: object, profile_id: object, instances: object,
@@ -341,6 +342,7 @@ class MigApi(LibraryCore):
             gpu = state.gpus[index]
             fresh = self.find_ci(index, gpu, found.ci.serial)
             mig.destroy_compute_instance(gpu, fresh.gi, fresh.ci)
+        self.forget_ci(index, found.ci)
 
     @symbol
     def nvmlGpuInstanceGetComputeInstances(self, gpu_instance: object, profile_id: object,

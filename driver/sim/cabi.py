@@ -8,6 +8,7 @@ independent of the concrete ctypes types (so the simulator needs none of pynvml'
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import threading
 from typing import Any
@@ -129,28 +130,91 @@ def struct_version(struct: Any) -> int:
 
 
 class HandleTable:
-    """Stable handles: each is the address of a small buffer the table keeps alive.
+    """Stable handles: each is the address of an 8-byte cell that holds what it stands for.
 
-    Buffers are never freed, so an address is never reused for another object and a stale
-    handle still maps to its own (now missing) object rather than to a newcomer.
+    Cells are handed out in order from blocks the table keeps for the life of the process,
+    so an address is never reused for another object, and a stale handle still maps to its
+    own (now missing) object rather than to a newcomer. A cell is 8 bytes, not an object:
+    a node that creates and destroys MIG devices all day stays flat, once ``forget`` has
+    dropped the handles of what it destroyed from the lookup by key.
     """
+
+    BLOCK_CELLS = 4096
+    """Cells per block (32 KiB): a block lasts ~1,300 MIG device create/destroy cycles."""
+    _KIND_BITS, _INDEX_BITS, _SERIAL_BITS = 4, 12, 48
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._buffers: dict[HandleKey, ctypes.Array[ctypes.c_char]] = {}
-        self._keys: dict[int, HandleKey] = {}
+        self._starts: list[int] = []  # block addresses, sorted
+        self._blocks: dict[int, ctypes.Array[ctypes.c_uint64]] = {}  # by address
+        self._newest: ctypes.Array[ctypes.c_uint64] | None = None
+        self._used = 0  # cells handed out in the newest block
+        self._addresses: dict[HandleKey, int] = {}
+        self._kinds: list[str] = []  # a cell's kind is its index here, plus one
+
+    def __len__(self) -> int:
+        """Handles of objects not known to be gone."""
+        return len(self._addresses)
+
+    @property
+    def cells(self) -> int:
+        """Cells handed out so far (8 bytes each, kept for the life of the process)."""
+        return (len(self._starts) - 1) * self.BLOCK_CELLS + self._used if self._starts else 0
 
     def address(self, key: HandleKey) -> int:
-        buf = self._buffers.get(key)
-        if buf is None:
+        addr = self._addresses.get(key)
+        if addr is None:
             with self._lock:
-                buf = self._buffers.get(key)
-                if buf is None:
-                    buf = ctypes.create_string_buffer(_POINTER_SIZE)
-                    self._buffers[key] = buf
-                    self._keys[ctypes.addressof(buf)] = key
-        return ctypes.addressof(buf)
+                addr = self._addresses.get(key)
+                if addr is None:
+                    addr = self._addresses[key] = self._new_cell(key)
+        return addr
+
+    def forget(self, key: HandleKey) -> None:
+        """The object is gone: its handle stays valid to :meth:`key` (a stale handle is
+        still told apart), but :meth:`address` no longer has to find it."""
+        with self._lock:
+            self._addresses.pop(key, None)
 
     def key(self, handle: object) -> HandleKey | None:
         addr = address(handle)
-        return None if addr is None else self._keys.get(addr)
+        if addr is None:
+            return None
+        at = bisect.bisect_right(self._starts, addr) - 1
+        if at < 0:
+            return None
+        start = self._starts[at]
+        offset = addr - start
+        if offset >= self.BLOCK_CELLS * 8 or offset % 8:
+            return None
+        return self._decode(self._blocks[start][offset // 8])
+
+    def _new_cell(self, key: HandleKey) -> int:
+        if self._newest is None or self._used == self.BLOCK_CELLS:
+            block = (ctypes.c_uint64 * self.BLOCK_CELLS)()
+            start = ctypes.addressof(block)
+            self._blocks[start] = block  # before the start: readers look it up by start
+            bisect.insort(self._starts, start)
+            self._newest, self._used = block, 0
+        cell = self._used
+        self._newest[cell] = self._encode(key)
+        self._used += 1
+        return ctypes.addressof(self._newest) + cell * 8
+
+    def _encode(self, key: HandleKey) -> int:
+        kind, index, serial = key
+        if kind not in self._kinds:
+            self._kinds.append(kind)
+        code = self._kinds.index(kind) + 1
+        if not (code < 1 << self._KIND_BITS and 0 <= index < 1 << self._INDEX_BITS
+                and 0 <= serial < 1 << self._SERIAL_BITS):
+            raise ValueError(f"handle key out of range: {key}")
+        return (code << (self._INDEX_BITS + self._SERIAL_BITS)
+                | index << self._SERIAL_BITS | serial)
+
+    def _decode(self, cell: int) -> HandleKey | None:
+        code = cell >> (self._INDEX_BITS + self._SERIAL_BITS)
+        if not 0 < code <= len(self._kinds):
+            return None  # a cell not handed out yet
+        index = (cell >> self._SERIAL_BITS) & ((1 << self._INDEX_BITS) - 1)
+        return self._kinds[code - 1], index, cell & ((1 << self._SERIAL_BITS) - 1)

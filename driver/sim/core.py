@@ -133,6 +133,16 @@ class LibraryCore:
     def mig_handle(self, gpu_index: int, ci: ComputeInstanceState) -> int:
         return self.handles.address((MIG_DEVICE, gpu_index, ci.serial))
 
+    def forget_gi(self, gpu_index: int, gi: GpuInstanceState) -> None:
+        """This process destroyed ``gi``: its handle only has to stay stale."""
+        self.handles.forget((GPU_INSTANCE, gpu_index, gi.serial))
+
+    def forget_ci(self, gpu_index: int, ci: ComputeInstanceState) -> None:
+        """This process destroyed ``ci``: its handle and its MIG device's only have to stay
+        stale."""
+        self.handles.forget((COMPUTE_INSTANCE, gpu_index, ci.serial))
+        self.handles.forget((MIG_DEVICE, gpu_index, ci.serial))
+
     # --- handle resolution (INVALID_ARGUMENT for anything unknown or gone) ---------------
 
     def _key(self, handle: object, *kinds: str) -> HandleKey:

@@ -24,6 +24,7 @@ from gpudra.driver.devices import (
     CounterSet,
     Device,
     NodeDevices,
+    RequestPolicy,
     Taint,
     Version,
 )
@@ -438,3 +439,24 @@ def test_slice_list_is_a_kubectl_list():
     listed = slice_list(slices)
     assert listed == {"apiVersion": "v1", "kind": "List", "items": slices}
     assert json.loads(json.dumps(listed)) == listed
+
+
+def test_a_build_shares_equal_leaves_and_keeps_request_policies_apart():
+    counter_set, gpu0 = partitionable_gpu(0)
+    shared = Device(name="gpu-1-shared", group="gpu-1", attributes={"type": "gpu-share"},
+                    capacity={"memory": 80 * GIB, "multiprocessors": 132},
+                    allow_multiple_allocations=True,
+                    request_policies={"memory": RequestPolicy(GIB, GIB, GIB, 80 * GIB)})
+    slices = build(node(*gpu0, plain_gpu(1), shared, counter_sets=(counter_set,)))
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    by_name = {d["name"]: d for d in devices}
+    # One dict per distinct leaf: the pool costs a fraction of its size as separate dicts.
+    mig_types = {id(d["attributes"]["type"]) for d in devices if d["name"].startswith("gpu-0-")
+                 and d["name"] != "gpu-0"}
+    assert len(mig_types) == 1
+    assert by_name["gpu-1"]["capacity"]["memory"] is not by_name["gpu-1-shared"]["capacity"][
+        "memory"]
+    # The policy went into a dict of the shared device's own, not into the shared leaf.
+    assert by_name["gpu-1"]["capacity"]["memory"] == {"value": "80Gi"}
+    assert by_name["gpu-1-shared"]["capacity"]["memory"]["requestPolicy"]["default"] == "1Gi"
+    assert json.loads(json.dumps(slices)) == slices

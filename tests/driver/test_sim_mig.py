@@ -441,3 +441,29 @@ def test_static_mig_profile_is_pre_partitioned(simulate, sim_state):
     assert all(len(gi["compute_instances"]) == 1 for gi in snapshot["gpus"][1]["gpu_instances"])
     mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(pynvml.nvmlDeviceGetHandleByIndex(1), 6)
     assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+
+
+def test_mig_devices_coming_and_going_keep_the_handle_table_flat(simulate):
+    library = simulate("dgx-h100")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceSetMigMode(handle, ENABLE) == pynvml.NVML_SUCCESS
+    stale = []
+    for _ in range(300):
+        gi = create(handle, 19, 0, 1)
+        ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+        mig_uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlComputeInstanceGetInfo(ci).device)
+        pynvml.nvmlComputeInstanceDestroy(ci)
+        pynvml.nvmlGpuInstanceDestroy(gi)
+        stale.append((gi, ci, mig_uuid))
+    # What a create/destroy cycle leaves behind is an 8-byte cell, not a table entry ...
+    assert len(library.handles) == 1  # GPU 0's
+    assert library.handles.cells == 1 + 3 * 300  # per cycle: GI, CI, MIG device
+    # ... and every stale handle still answers for its own (gone) object, never a newcomer.
+    newcomer = create(handle, 19, 0, 1)
+    for gi, ci, _ in (stale[0], stale[-1]):
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlGpuInstanceGetInfo(gi)
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlComputeInstanceGetInfo(ci)
+    assert len({uuid for _, _, uuid in stale}) == 300
+    assert gi_info(newcomer)[2:] == (0, 1)
