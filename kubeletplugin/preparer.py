@@ -13,7 +13,6 @@ the default executor's futures, locks and context copy cost the loop ~0.1 ms per
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -89,9 +88,10 @@ class Preparer:
                 self._observer.prepared(ref, result, claim)
         return outcomes
 
-    async def close(self) -> None:
-        """At shutdown: wait for device work in progress, then end its threads."""
-        await asyncio.to_thread(self._threads.close)
+    def close(self, timeout: float | None = None) -> None:
+        """At shutdown, once no call can arrive: wait up to ``timeout`` for device work in
+        progress, then end its threads. Blocks: run it off the event loop."""
+        self._threads.close(timeout)
 
     @staticmethod
     def _failed(ref: ClaimRef, exc: ClaimError) -> PrepareOutcome:
