@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import cProfile
 import io
 import pstats
@@ -29,19 +28,19 @@ from gpudra.api.claims import ClaimRef
 from gpudra.cli.logs import configure_logging
 from gpudra.driver import sim
 from gpudra.driver.claims import ClaimError
+from gpudra.kubeletplugin.device_threads import A, DeviceThreads, R
 from gpudra.kubeletplugin.preparer import Preparer
 from tests.driver.node_fixture import POOL, start_node
 from tests.integration.daemon import claim_object
 
 
-class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
-    """Runs ``asyncio.to_thread`` work in the calling thread, so cProfile sees it."""
+class InlineThreads(DeviceThreads):
+    """Runs the device work in the calling thread, so cProfile sees it."""
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any,
-               **kwargs: Any) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def run(self, fn: Callable[[A], R], arg: A) -> asyncio.Future[R]:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         try:
-            future.set_result(fn(*args, **kwargs))
+            future.set_result(fn(arg))
         except BaseException as exc:  # handed to the awaiting coroutine
             future.set_exception(exc)
         return future
@@ -100,10 +99,8 @@ def main() -> None:
 def run(state: Any, args: argparse.Namespace) -> None:
     fetcher = MemoryFetcher()
     preparer = Preparer(driver="gpu.nvidia.com", fetcher=fetcher,  # type: ignore[arg-type]
-                        state=state)
+                        state=state, threads=InlineThreads() if args.profile else None)
     loop = asyncio.new_event_loop()
-    if args.profile:
-        loop.set_default_executor(InlineExecutor())
     profiler = cProfile.Profile()
 
     def call(phase: str, method: Callable[[list[ClaimRef]], Awaitable[object]],

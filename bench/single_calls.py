@@ -36,8 +36,8 @@ async def main_async(args: argparse.Namespace) -> None:
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
         cdi = stack.enter_context(cdi_on_tmpfs()) if args.cdi_tmpfs else []
         daemon = Daemon(api.url, extra_args=[*cdi, *args.extra])
-        daemon.start()
         try:
+            daemon.start()
             assert daemon.process is not None
             async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
                 refs = [make_claim(api, f"c-{i}", [f"gpu-{i % 8}"])
