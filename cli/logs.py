@@ -41,7 +41,20 @@ _ENCODE = json.JSONEncoder(default=_fallback, separators=(",", ":")).encode
 
 def render_json(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> str:
     """The final processor of JSON lines: one compact JSON object."""
-    return _ENCODE(event_dict)
+    try:
+        return _ENCODE(event_dict)
+    except (TypeError, ValueError):
+        # A value JSON cannot hold (a dict with non-string keys, a cycle) becomes its repr:
+        # a log line must never raise into the caller, maybe after a checkpoint commit.
+        return _ENCODE({str(k): _encodable(v) for k, v in event_dict.items()})
+
+
+def _encodable(value: Any) -> Any:
+    try:
+        _ENCODE(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def resolve_format(fmt: LogFormat) -> Literal["json", "console"]:

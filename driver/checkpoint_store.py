@@ -263,7 +263,8 @@ class CheckpointStore:
             if journal is None and state.journal is None:
                 return state
             if state.journal is not None and state.journal.is_(journal) \
-                    and journal is not None and journal.st_size == state.end:
+                    and journal is not None and journal.st_size == state.end \
+                    and not state.stale:
                 return state
             fresh = self._read_journal(state, journal)
         if fresh is not None:
@@ -290,8 +291,10 @@ class CheckpointStore:
         is another file or shorter; ``None`` if the snapshot changed meanwhile."""
         assert state.generation is not None
         handle = state.journal
+        # Stale lines mean a compaction's journal truncate is due: it may have happened and
+        # the journal grown past where we read since, so only a read from its start is sure.
         if handle is not None and handle.is_(journal) and journal is not None \
-                and journal.st_size >= state.end:
+                and journal.st_size >= state.end and not state.stale:
             start, cp, seq, stale, synced = (state.end, state.checkpoint, state.seq,
                                              state.stale, state.synced)
         else:
@@ -332,7 +335,10 @@ class CheckpointStore:
                 state = None  # unreadable (corrupt, or a newer build's): replaced whole
             try:
                 if state is None or not self._append(state, cp):
-                    self._compact(cp, generation=secrets.token_hex(8))
+                    # No claims: version 2, which an older build reads. So start-up after
+                    # a reboot (claims dropped) leaves a file a rollback can start on even
+                    # if this build dies before its clean stop.
+                    self._compact(cp, generation=secrets.token_hex(8) if cp.claims else None)
             except BaseException:
                 self._state = None
                 raise
@@ -352,6 +358,7 @@ class CheckpointStore:
             if not state.synced and state.journal is not None and state.end:
                 # Another process may have died between its write and its fdatasync.
                 os.fdatasync(state.journal.fd)
+                self._state = dataclasses.replace(state, synced=True)
             return True
         if (state.generation is None or state.journal is None or state.stale
                 or state.seq >= MAX_RECORDS):
@@ -395,6 +402,7 @@ class CheckpointStore:
         """
         with contextlib.suppress(OSError):
             os.ftruncate(appender.fd, state.end)
+            os.fsync(appender.fd)  # the cut durable: a power cut must not bring it back
             self._compact(state.checkpoint, generation=secrets.token_hex(8))
 
     def _compact(self, cp: Checkpoint, *, generation: str | None) -> None:

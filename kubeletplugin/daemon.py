@@ -54,10 +54,10 @@ log = structlog.get_logger("gpudra.node")
 MONITOR_STOP_WAIT = 0.02
 """Seconds shutdown waits for the XID watcher thread before leaving NVML open."""
 USAGE_STOP_WAIT = 2.0
+"""Seconds shutdown waits for a usage sampling pass in progress."""
 DEVICE_WORK_STOP_WAIT = 5.0
 """At stop, how long device work already running (a MIG create, an MPS start) may finish;
 then the checkpoint's journal is folded into the snapshot an older build reads too."""
-"""Seconds shutdown waits for a usage sampling pass in progress."""
 
 
 class DaemonError(Exception):
@@ -150,8 +150,8 @@ class _Runtime:
         checkpoint's journal into a snapshot, so a rollback to an older build reads it."""
         work = asyncio.ensure_future(_in_daemon_thread(self.preparer.close,
                                                        DEVICE_WORK_STOP_WAIT))
-        done, _ = await asyncio.wait({work}, timeout=DEVICE_WORK_STOP_WAIT)
-        if not done or self.state is None:
+        done, _ = await asyncio.wait({work}, timeout=DEVICE_WORK_STOP_WAIT + 0.5)
+        if not done or work.exception() is not None or not work.result() or self.state is None:
             return  # a thread still works and may hold the checkpoint lock: leave it as is
         compact = asyncio.ensure_future(_in_daemon_thread(self.state.store.compact))
         done, _ = await asyncio.wait({compact}, timeout=DEVICE_WORK_STOP_WAIT)

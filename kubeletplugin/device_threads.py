@@ -13,6 +13,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -57,14 +58,16 @@ class DeviceThreads:
         self._jobs.put((loop, future, fn, arg))
         return future
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> bool:
         """Finish the jobs already given, then end the threads; blocks (run it off the
-        loop) until they ended or ``timeout`` passed."""
+        loop) until they ended or ``timeout`` passed. True if every thread ended."""
         self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
+        deadline = None if timeout is None else time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:

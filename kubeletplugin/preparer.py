@@ -88,10 +88,10 @@ class Preparer:
                 self._observer.prepared(ref, result, claim)
         return outcomes
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> bool:
         """At shutdown, once no call can arrive: wait up to ``timeout`` for device work in
-        progress, then end its threads. Blocks: run it off the event loop."""
-        self._threads.close(timeout)
+        progress, then end its threads; True if it all ended. Blocks: run it off the loop."""
+        return self._threads.close(timeout)
 
     @staticmethod
     def _failed(ref: ClaimRef, exc: ClaimError) -> PrepareOutcome:

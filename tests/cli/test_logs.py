@@ -162,3 +162,15 @@ def test_a_closed_stream_loses_lines_but_does_not_fail_the_caller(out: io.String
 def test_an_unknown_level_is_refused(out: io.StringIO):
     with pytest.raises(ValueError, match="Unknown level: 'loud'"):
         configure_logging(fmt="json", level="loud", stream=out)
+
+
+def test_a_value_json_cannot_hold_is_its_repr_and_never_raises(out: io.StringIO):
+    configure_logging(fmt="json", level="info", stream=out)
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    fresh("gpudra.test").warning("odd values", keys={(1, 2): 3}, cycle=cycle, fine=[1])
+    (line,) = lines(out)
+    assert line["keys"] == "{(1, 2): 3}"
+    assert line["cycle"] == "[[...]]"
+    assert line["fine"] == [1]
+    assert line["event"] == "odd values"

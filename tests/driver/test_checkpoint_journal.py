@@ -529,3 +529,40 @@ def test_sigkill_during_appends_and_compactions_never_loses_a_commit(tmp_path):
     last = json.loads(proc.stdout)["last"]
     assert last > MAX_RECORDS  # went through compactions
     assert len(reopened(tmp_path).claims) == last
+
+
+def test_a_reader_between_a_compactions_rename_and_truncate_still_sees_later_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Another daemon instance (rolling update) reads without the lock right after our
+    compaction replaced the snapshot, while the old journal is still there: it must not
+    resume later reads from that old journal's end once the new one has grown past it."""
+    import gpudra.driver.checkpoint_store as store_module
+
+    writer = CheckpointStore(tmp_path, boot_id="boot")
+    reader = CheckpointStore(tmp_path, boot_id="boot")
+    cp = base(0)
+    writer.save(cp)
+    for n in range(3):
+        cp = with_claim(cp, claim(n))
+        writer.save(cp)
+    old_journal = (tmp_path / "checkpoint.journal").stat().st_size
+    real = store_module.atomic_write
+
+    def then_the_reader_looks(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        monkeypatch.setattr(store_module, "atomic_write", real)
+        reader.load()
+
+    monkeypatch.setattr(store_module, "atomic_write", then_the_reader_looks)
+    cp = with_mig_mode_baseline(cp, "GPU-1", True)  # not only claims: a compaction
+    writer.save(cp)
+    n = 100
+    while (tmp_path / "checkpoint.journal").stat().st_size < old_journal:
+        cp = with_claim(cp, claim(n))
+        writer.save(cp)
+        n += 1
+    assert sorted(reader.load().claims) == sorted(cp.claims)
+    with reader.locked():  # a commit of its own keeps the writer's claims
+        reader.save(with_claim(reader.load(), claim(900)))
+    assert sorted(CheckpointStore(tmp_path, boot_id="boot").load().claims) == sorted(
+        [*cp.claims, claim(900).uid])

@@ -97,8 +97,18 @@ async def test_close_waits_for_the_work_in_progress():
 
     call = asyncio.ensure_future(threads.run(work, None))
     await asyncio.sleep(0)
-    await asyncio.to_thread(threads.close)
+    assert await asyncio.to_thread(threads.close) is True
     assert finished.is_set()
     await call
     with pytest.raises(RuntimeError, match="closed"):
         threads.run(where, None)
+
+
+async def test_close_says_when_work_outlives_its_timeout():
+    threads = DeviceThreads()
+    release = threading.Event()
+    call = asyncio.ensure_future(threads.run(lambda _: release.wait(5), None))
+    await asyncio.sleep(0)
+    assert await asyncio.to_thread(threads.close, 0.05) is False
+    release.set()
+    assert await call is True
