@@ -10,6 +10,7 @@ What goes into the edits is found under the driver root by :mod:`gpudra.driver.d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -359,17 +360,48 @@ def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None
     needed = minimum_version(spec)
     if _version_tuple(declared) < _version_tuple(needed):
         raise CdiError(f"spec declares cdiVersion {declared!r} but its content needs {needed}")
-    path = spec_path(cdi_root, vendor_part.removeprefix("k8s."), uid)
+    name = spec_file_name(vendor_part.removeprefix("k8s."), uid)
+    path = cdi_root / name
     # One line: indentation would switch json to its pure-Python encoder, on the hot path.
     content = (json.dumps(spec) + "\n").encode()
+    # Hidden and not ending in .json, so runtimes scanning the directory ignore it.
+    tmp = f".{name}.tmp-{os.getpid()}"
     try:
-        cdi_root.mkdir(parents=True, exist_ok=True)
-        # Hidden and not ending in .json, so runtimes scanning the directory ignore it.
-        atomic_write(path, content, tmp=cdi_root / f".{path.name}.tmp-{os.getpid()}", mode=0o644,
-                     durable=durable)
+        if durable:
+            cdi_root.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, content, tmp=cdi_root / tmp, mode=0o644)
+        else:
+            _replace_unsynced(cdi_root, name, tmp, content)
     except OSError as err:
         raise CdiError(f"cannot write CDI spec {path}: {err.strerror or err}") from err
     return path
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
+
+def _replace_unsynced(directory: Path, name: str, tmp: str, content: bytes) -> None:
+    """``atomic_write(durable=False)`` on the prepare path: plain ``os`` calls on strings (no
+    Path objects, no buffered file), and the directory made only when it is missing."""
+    root = os.fspath(directory)
+    tmp_path = f"{root}/{tmp}"
+    try:
+        fd = os.open(tmp_path, _CREATE, 0o644)
+    except FileNotFoundError:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp_path, _CREATE, 0o644)
+    try:
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp_path, f"{root}/{name}")  # noqa: PTH105
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_path)  # noqa: PTH108
+        raise
 
 
 def sync_root(cdi_root: Path) -> None:
@@ -392,13 +424,14 @@ def _uid_from_devices(spec: Mapping[str, Any]) -> str:
 
 def remove_spec(cdi_root: Path, driver: str, claim_uid: str) -> bool:
     """Delete a claim's spec; ``False`` when there was none (unprepare is idempotent)."""
-    path = spec_path(cdi_root, driver, claim_uid)
+    name = spec_file_name(driver, claim_uid)
     try:
-        path.unlink()
+        os.unlink(f"{os.fspath(cdi_root)}/{name}")  # noqa: PTH108 - per unprepare: no Path
     except FileNotFoundError:
         return False
     except OSError as err:
-        raise CdiError(f"cannot remove CDI spec {path}: {err.strerror or err}") from err
+        raise CdiError(f"cannot remove CDI spec {cdi_root / name}: {err.strerror or err}") \
+            from err
     # No directory fsync: a removal lost in a crash leaves a stray spec, which
     # list_claim_specs finds at startup.
     return True

@@ -101,7 +101,10 @@ class ClaimRecord(_Stored):
     def _as_json_has_it(cls, value: object) -> object:
         # What a reader of the file will see (integer keys become strings), so a record
         # compares equal to itself after a save and a load.
-        return json.loads(json.dumps(value)) if isinstance(value, dict) else value
+        if not isinstance(value, dict):
+            return value
+        # Empty (a full GPU's, the common case): nothing to convert, skip the round trip.
+        return json.loads(json.dumps(value)) if value else {}
 
     @property
     def ref(self) -> str:
@@ -131,6 +134,10 @@ class Checkpoint(_Stored):
     def completed(self) -> dict[str, ClaimRecord]:
         return {uid: c for uid, c in self.claims.items() if c.state == PREPARE_COMPLETED}
 
+    def completed_count(self) -> int:
+        """``len(completed())`` without building the dict (a gauge set per kubelet call)."""
+        return sum(c.state == PREPARE_COMPLETED for c in self.claims.values())
+
     def started(self) -> dict[str, ClaimRecord]:
         """Claims whose prepare began but never finished (crash or failure): roll back first."""
         return {uid: c for uid, c in self.claims.items() if c.state == PREPARE_STARTED}
@@ -155,12 +162,16 @@ class Checkpoint(_Stored):
 
 def with_claim(cp: Checkpoint, record: ClaimRecord) -> Checkpoint:
     """Put ``record`` in (replacing any earlier record of its uid), as it is."""
+    if cp.claims.get(record.uid) is record:
+        return cp  # already there: checkpoints are immutable, so nothing to copy
     return cp.model_copy(update={"claims": {**cp.claims, record.uid: record}})
 
 
 def with_claim_started(cp: Checkpoint, record: ClaimRecord) -> Checkpoint:
     """Record ``record`` as ``PrepareStarted`` (replacing any earlier record of its uid)."""
-    return with_claim(cp, record.model_copy(update={"state": PREPARE_STARTED}))
+    if record.state != PREPARE_STARTED:
+        record = record.model_copy(update={"state": PREPARE_STARTED})
+    return with_claim(cp, record)
 
 
 def with_claim_completed(cp: Checkpoint, uid: str, devices: Sequence[DeviceRecord]) -> Checkpoint:

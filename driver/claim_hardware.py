@@ -304,6 +304,8 @@ class ClaimHardware:
                               shares.shares_on_gpu(cp, share.gpu, plan.claim.uid) if cp else [])
             joined.append(share)
         crash_point("prepare:after-settings")
+        if devices == record.devices and restore == record.restore:
+            return record  # nothing done (a plain full GPU): the same record, not a copy
         return record.model_copy(update={"devices": devices, "restore": restore})
 
     def _apply_share(

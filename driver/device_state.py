@@ -22,6 +22,7 @@ start-up reconciliation is :mod:`gpudra.driver.reconcile`'s.
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -70,8 +71,17 @@ log = structlog.get_logger(__name__)
 Prepared = tuple[PreparedDevice, ...]
 
 
+_stamp: tuple[int, str] = (-1, "")
+
+
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    """The UTC time to the second, formatted once per second (not once per claim)."""
+    global _stamp  # noqa: PLW0603 - a one-entry cache; a race only formats twice
+    second, text = _stamp
+    if second != (now := int(time.time())):
+        text = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
+        _stamp = (now, text)
+    return text
 
 
 class DeviceState:
@@ -167,8 +177,10 @@ class DeviceState:
     def _prepare_held(
         self, claims: Sequence[ClaimToPrepare], out: dict[str, Prepared | ClaimError],
     ) -> None:
-        with self.store.locked(self._lock_timeout):
-            cp = self.store.load()
+        # A lockless read (a consistent state, see checkpoint_store): what it could miss is
+        # another instance's commit in progress, and on these GPUs none can be, as we hold
+        # them. Commits below merge into a fresh read under the lock.
+        cp = self.store.load()
         deferred: list[str] = []
         try:
             for claim in claims:
@@ -187,7 +199,7 @@ class DeviceState:
         finally:
             if deferred:
                 self._commit_deferred(cp, deferred, claims, out)
-        metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+        metrics.PREPARED_CLAIMS.set(cp.completed_count())
 
     def _commit_deferred(
         self, cp: Checkpoint, uids: Sequence[str], claims: Sequence[ClaimToPrepare],
@@ -396,8 +408,7 @@ class DeviceState:
     def _unprepare_held(
         self, records: Mapping[str, ClaimRecord], out: dict[str, ClaimError | None],
     ) -> None:
-        with self.store.locked(self._lock_timeout):
-            cp = self.store.load()
+        cp = self.store.load()  # lockless: see _prepare_held
         done: list[str] = []
         try:
             for uid, record in records.items():
@@ -419,7 +430,7 @@ class DeviceState:
                 self._persist_removed(cp, done)
         for uid in done:
             out[uid] = None
-        metrics.PREPARED_CLAIMS.set(len(cp.completed()))
+        metrics.PREPARED_CLAIMS.set(cp.completed_count())
 
     def _remove_spec(self, uid: str) -> ClaimError | None:
         try:

@@ -114,8 +114,7 @@ class DriverRoot:
         self._gpu_nodes: dict[int, DeviceNode] = {}
         self._caps_major: int | None = None
         self._said_no_hooks = False
-        self._watched = (self.driver.watch((*LIBRARY_DIRS, *BINARY_DIRS, *HOOK_DIRS))
-                         + self.dev.watch(("dev",)))
+        self._watched = self._watch()
         self._identity = identity(self._watched)
         self._looked = threading.local()  # inside one_look(): this thread has looked
 
@@ -135,7 +134,12 @@ class DriverRoot:
         self._said_no_hooks = False
         self.driver.forget()
         self.dev.forget()
+        self._watched = self._watch()  # a directory that appeared is now watched itself
         self._identity = identity(self._watched)
+
+    def _watch(self) -> tuple[str, ...]:
+        return (self.driver.watch((*LIBRARY_DIRS, *BINARY_DIRS, *HOOK_DIRS))
+                + self.dev.watch(("dev",)))
 
     @contextlib.contextmanager
     def one_look(self) -> Iterator[None]:

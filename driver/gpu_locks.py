@@ -32,6 +32,7 @@ class GpuLocks:
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._fds: dict[str, int] = {}
+        self._paths: dict[str, str] = {}  # built once per GPU, not a Path per hold
 
     def _thread_lock(self, uuid: str) -> threading.Lock:
         with self._guard:
@@ -39,11 +40,13 @@ class GpuLocks:
 
     def _lock_file(self, uuid: str) -> int:
         """The GPU's open lock file; the caller holds the GPU's thread lock."""
-        path = self.directory / f"{uuid}.lock"
+        path = self._paths.get(uuid)
+        if path is None:
+            path = self._paths[uuid] = str(self.directory / f"{uuid}.lock")
         fd = self._fds.get(uuid)
         if fd is not None:
             try:
-                same = os.path.samestat(os.fstat(fd), path.stat())
+                same = os.path.samestat(os.fstat(fd), os.stat(path))  # noqa: PTH116
             except FileNotFoundError:
                 same = False
             if same:
@@ -69,8 +72,13 @@ class GpuLocks:
     def hold(self, uuids: Iterable[str], timeout: float = 30.0) -> Iterator[None]:
         """Hold every GPU in ``uuids`` (in sorted order) for the duration of the block."""
         deadline = time.monotonic() + timeout
+        ordered = sorted(set(uuids))
+        if len(ordered) == 1:  # a single-GPU claim, the common case: no ExitStack
+            with self._one(ordered[0], deadline):
+                yield
+            return
         with contextlib.ExitStack() as stack:
-            for uuid in sorted(set(uuids)):
+            for uuid in ordered:
                 stack.enter_context(self._one(uuid, deadline))
             yield
 

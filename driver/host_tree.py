@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,8 +98,39 @@ class HostTree:
         return "/" + "/".join(resolved)
 
     def watch(self, dirs: Iterable[str]) -> tuple[str, ...]:
-        """Local paths of ``dirs`` for :func:`identity` (computed once: it runs per use)."""
-        return tuple(dict.fromkeys(str(self.local_path(d)) for d in dirs))
+        """Local paths whose :func:`identity` changes when ``dirs`` do (computed once per
+        discovery: identity runs per use).
+
+        A directory that is not there is watched through its nearest ancestor that is:
+        creating it adds an entry there, which changes that ancestor's mtime. Most of the
+        searched directories are missing on any one layout, so this saves a ``stat`` per
+        missing directory per kubelet call.
+        """
+        top = str(self.local)
+        return tuple(dict.fromkeys(_watchable(str(self.local_path(d)), top) for d in dirs))
+
+
+def _watchable(path: str, top: str) -> str:
+    """``path``, or when nothing is there its nearest ancestor that is a directory (up to
+    ``top``, the tree itself, which is watched as it is even when missing)."""
+    current = path
+    while current != top and len(current) > len(top):
+        try:
+            os.lstat(current)
+        except FileNotFoundError:
+            current = os.path.dirname(current)  # noqa: PTH120 - paths as identity takes them
+            continue
+        except OSError:
+            return path
+        break
+    if current == path:
+        return path
+    try:
+        # A dangling link or a file where a directory should be: watch the path itself, as
+        # its ancestor's mtime would not change when the link's target appears.
+        return current if stat.S_ISDIR(os.stat(current).st_mode) else path  # noqa: PTH116
+    except OSError:
+        return path
 
 
 def identity(paths: Iterable[str]) -> tuple[Identity, ...]:

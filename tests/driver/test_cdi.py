@@ -166,6 +166,38 @@ def test_a_failed_write_keeps_the_previous_spec(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
+def test_an_unsynced_write_creates_the_directory_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    # durable=False (a kubelet call's specs, synced once by sync_root) takes its own path
+    cdi_root = tmp_path / "var/run/cdi"
+    path = write_spec(cdi_root, spec_for(), durable=False)
+    assert path == cdi_root / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    assert json.loads(path.read_text()) == spec_for()
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644 & ~_umask())
+    assert [p.name for p in cdi_root.iterdir()] == [path.name]
+    changed = build_claim_spec(driver=DRIVER, claim_uid=UID,
+                               devices=[CdiDevice("gpu-1", GPU)], common=ContainerEdits())
+
+    def no_rename(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    with pytest.raises(CdiError, match=f"cannot write CDI spec {path}: No space left"):
+        write_spec(cdi_root, changed, durable=False)
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == spec_for()
+    assert [p.name for p in cdi_root.iterdir()] == [path.name]
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(CdiError, match=f"cannot write CDI spec {blocker}/cdi/"):
+        write_spec(blocker / "cdi", spec_for(), durable=False)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_write_spec_refuses_a_version_below_its_content(tmp_path):
     spec = {**spec_for(), "cdiVersion": "0.3.0"}
     with pytest.raises(CdiError, match=r"cdiVersion '0\.3\.0' but its content needs 0\.5\.0"):

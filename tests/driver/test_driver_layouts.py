@@ -174,3 +174,22 @@ def test_one_look_per_call_then_the_next_call_sees_an_upgrade(tmp_path):
                              dev_root=tmp_path / "dev-root", driver_version="590.10.01")
         assert libcuda(roots) == before
     assert libcuda(roots) == f"/run/nvidia/driver{LIB}/libcuda.so.590.10.01"  # the next call
+
+
+def test_a_directory_missing_at_the_last_look_is_seen_when_it_appears(tmp_path):
+    # Missing directories are watched through an ancestor (no stat of their own per call):
+    # the toolkit installed after start-up, two levels below anything that existed.
+    roots = node_roots(tmp_path, "operator")
+    toolkit = tmp_path / "driver-root/usr/local/nvidia/toolkit"
+    assert not (tmp_path / "driver-root/usr/local/nvidia").exists()
+    with roots.one_look():
+        assert roots.common_edits().hooks == ()
+    toolkit.mkdir(parents=True)
+    (toolkit / "nvidia-cdi-hook").write_text("")
+    with roots.one_look():  # the next call
+        hooks = roots.common_edits().hooks
+    assert hooks and hooks[0].path == "/run/nvidia/driver/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+    # and once there, a change inside it is seen as well
+    (toolkit / "nvidia-cdi-hook").unlink()
+    with roots.one_look():
+        assert roots.common_edits().hooks == ()
