@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpudra.driver.checkpoint_codec import CheckpointError
-from gpudra.driver.flock import wait_for_flock
+from gpudra.driver.flock import reopened_lock_file, wait_for_flock
 
 _POLL_SECONDS = 0.02
 
@@ -56,13 +56,8 @@ class CheckpointLock:
             self._mutex.release()
 
     def _flock(self, deadline: float, timeout: float) -> None:
-        # The lock file stays open between holds (opening it is a path walk per prepare);
-        # it is re-opened if somebody removed or replaced it meanwhile.
-        if self._fd is None or not self._file_is(self._fd):
-            self._close()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fd = self._fd
+        kept, self._fd = self._fd, None  # not ours until reopened_lock_file returns
+        fd = self._fd = reopened_lock_file(str(self.path), kept, 0o644)
         if not wait_for_flock(fd, deadline, _POLL_SECONDS):
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise CheckpointLockTimeout(
@@ -74,12 +69,6 @@ class CheckpointLock:
         # Diagnostics only: the holder's pid, for the next waiter's timeout message. Fixed
         # width, so it overwrites the last holder's without a truncate.
         os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)
-
-    def _file_is(self, fd: int) -> bool:
-        try:
-            return os.path.samestat(os.fstat(fd), self.path.stat())
-        except FileNotFoundError:
-            return False
 
     def _close(self) -> None:
         if self._fd is not None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from gpudra.driver.flock import wait_for_flock
+from gpudra.driver.flock import reopened_lock_file, wait_for_flock
 
 
 class GpuLockTimeout(TimeoutError):
@@ -43,18 +43,7 @@ class GpuLocks:
         path = self._paths.get(uuid)
         if path is None:
             path = self._paths[uuid] = str(self.directory / f"{uuid}.lock")
-        fd = self._fds.get(uuid)
-        if fd is not None:
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))  # noqa: PTH116
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
-            os.close(fd)  # removed or replaced meanwhile: lock what is there now
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._fds[uuid] = fd
+        fd = self._fds[uuid] = reopened_lock_file(path, self._fds.pop(uuid, None), 0o600)
         return fd
 
     def __del__(self) -> None:
