@@ -148,15 +148,14 @@ class _Runtime:
         """No call can arrive any more: let device work in progress end (a thread cut off
         mid-MIG-create is safe, reconcile converges, but needless), then fold the
         checkpoint's journal into a snapshot, so a rollback to an older build reads it."""
-        work = asyncio.ensure_future(_in_daemon_thread(self.preparer.close,
-                                                       DEVICE_WORK_STOP_WAIT))
-        done, _ = await asyncio.wait({work}, timeout=DEVICE_WORK_STOP_WAIT + 0.5)
-        if not done or work.exception() is not None or not work.result() or self.state is None:
+        work = await _in_daemon_thread_within(DEVICE_WORK_STOP_WAIT + 0.5, self.preparer.close,
+                                              DEVICE_WORK_STOP_WAIT)
+        if work is None or work.exception() is not None or not work.result() \
+                or self.state is None:
             return  # a thread still works and may hold the checkpoint lock: leave it as is
-        compact = asyncio.ensure_future(_in_daemon_thread(self.state.store.compact))
-        done, _ = await asyncio.wait({compact}, timeout=DEVICE_WORK_STOP_WAIT)
-        error = compact.exception() if done else None
-        if not done or error is not None:
+        compact = await _in_daemon_thread_within(DEVICE_WORK_STOP_WAIT, self.state.store.compact)
+        error = None if compact is None else compact.exception()
+        if compact is None or error is not None:
             log.warning("checkpoint journal not folded at stop; the next start reads it",
                         error=str(error) if error else "timed out")
 
@@ -176,9 +175,8 @@ class _Runtime:
         if self.monitor is not None:
             # The XID watcher notices within one NVML wait slice (250 ms); the daemon need
             # not wait that long to exit, only to shut NVML down under the watcher.
-            stopping = asyncio.ensure_future(_in_daemon_thread(self.monitor.stop))
-            done, _ = await asyncio.wait({stopping}, timeout=MONITOR_STOP_WAIT)
-            watcher_stopped = bool(done)
+            watcher_stopped = await _in_daemon_thread_within(
+                MONITOR_STOP_WAIT, self.monitor.stop) is not None
         if self.api is not None:
             await self.api.close()
         if self.nvml is not None and watcher_stopped:
@@ -414,6 +412,15 @@ class _StartingPreparer:
 
 
 T = TypeVar("T")
+
+
+async def _in_daemon_thread_within(seconds: float, fn: Callable[..., T],
+                                   *args: Any) -> asyncio.Future[T] | None:
+    """:func:`_in_daemon_thread`, waited for at most ``seconds``: the finished future (its
+    result or exception), or ``None`` while ``fn`` still runs (the process may exit under it)."""
+    work = asyncio.ensure_future(_in_daemon_thread(fn, *args))
+    done, _ = await asyncio.wait({work}, timeout=seconds)
+    return work if done else None
 
 
 async def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
