@@ -22,6 +22,7 @@ start-up reconciliation is :mod:`gpudra.driver.reconcile`'s.
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -71,17 +72,14 @@ log = structlog.get_logger(__name__)
 Prepared = tuple[PreparedDevice, ...]
 
 
-_stamp: tuple[int, str] = (-1, "")
-
-
 def _now() -> str:
+    return _utc_second(int(time.time()))
+
+
+@functools.lru_cache(maxsize=2)
+def _utc_second(second: int) -> str:
     """The UTC time to the second, formatted once per second (not once per claim)."""
-    global _stamp  # noqa: PLW0603 - a one-entry cache; a race only formats twice
-    second, text = _stamp
-    if second != (now := int(time.time())):
-        text = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat()
-        _stamp = (now, text)
-    return text
+    return datetime.datetime.fromtimestamp(second, datetime.UTC).isoformat()
 
 
 class DeviceState:

@@ -34,6 +34,7 @@ The rules, and why:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -154,7 +155,14 @@ class DeviceHealth:
 
 def rfc3339(unix_seconds: float) -> str:
     """``2025-01-02T03:04:05Z`` (whole seconds: what ``metav1.Time`` keeps)."""
-    return datetime.fromtimestamp(int(unix_seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339_second(int(unix_seconds))
+
+
+@functools.lru_cache(maxsize=4)
+def _rfc3339_second(second: int) -> str:
+    # Cached: a prepare stamps several claim conditions in the same second, and strftime
+    # is most of what stamping one costs.
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- state ------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import structlog
@@ -38,6 +37,7 @@ from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.driver.checkpoint_model import ClaimRecord, DeviceRecord
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, resolve_configs
 from gpudra.driver.devices import NodeDevices
+from gpudra.driver.health import rfc3339
 from gpudra.driver.usage import IdleTransition
 from gpudra.kube.backoff import Backoff
 from gpudra.kube.errors import ApiCallError, Invalid, NotFound
@@ -75,17 +75,6 @@ deleted right after, which removes them too)."""
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str, str | None]
 """(pool, device, shareID): an entry of ours in ``status.devices``."""
-
-
-def _rfc3339(at: float) -> str:
-    return _rfc3339_second(int(at))
-
-
-@functools.lru_cache(maxsize=4)
-def _rfc3339_second(second: int) -> str:
-    """Whole seconds, as conditions carry them; cached: a prepare stamps several conditions
-    in the same second, and ``strftime`` is most of what stamping one costs."""
-    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -181,7 +170,7 @@ class ClaimStatusWriter:
             return
         if transition.idle:
             since = transition.since if transition.since is not None else transition.at
-            message = (f"idle since {_rfc3339(since)}: {transition.sm_low:.0f}-"
+            message = (f"idle since {rfc3339(since)}: {transition.sm_low:.0f}-"
                        f"{transition.sm_high:.0f} % SM")
         else:
             message = "in use again"
@@ -337,7 +326,7 @@ class ClaimStatusWriter:
                 status, reason, message):
             return False
         since = old["lastTransitionTime"] if old is not None and old["status"] == status \
-            else _rfc3339(now)
+            else rfc3339(now)
         conditions[kind] = {"type": kind, "status": status, "reason": reason,
                             "message": message[:1024], "lastTransitionTime": since}
         return True
