@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from gpudra.driver import sim
-from tests.driver.node_fixture import SimNode, claim, start_node
-
-UID1 = "11111111-1111-4111-8111-111111111111"
-UID2 = "22222222-2222-4222-8222-222222222222"
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[SimNode]:
-    n = start_node(tmp_path)
-    yield n
-    n.close()
-    sim.uninstall()
+from tests.driver.node_fixture import claim
+from tests.driver.test_device_state import UID1, UID2
 
 
 @pytest.fixture

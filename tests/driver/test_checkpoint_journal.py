@@ -57,6 +57,20 @@ def lines(directory: Path) -> list[bytes]:
     return files(directory)[1].read_bytes().splitlines(keepends=True)
 
 
+def generation_of(directory: Path) -> str:
+    """The journal generation the snapshot names."""
+    generation: str = json.loads(files(directory)[0].read_text())["data"]["journalGeneration"]
+    return generation
+
+
+def write_line(directory: Path, payload: bytes) -> None:
+    """Make the journal one line holding ``payload`` as its record, checksummed as a newer
+    build would write it (the record's bytes exactly as they stand)."""
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    files(directory)[1].write_bytes(
+        b'{"checksum":"sha256:' + digest + b'","record":' + payload + b"}\n")
+
+
 def reopened(directory: Path) -> Checkpoint:
     """What a restarted daemon reads (a new store: no cache)."""
     return CheckpointStore(directory, boot_id="boot").load()
@@ -67,7 +81,7 @@ def test_claims_only_saves_append_one_verified_line_each(tmp_path):
     store.save(base())
     snapshot, journal = files(tmp_path)
     inode = snapshot.stat().st_ino
-    generation = json.loads(snapshot.read_text())["data"]["journalGeneration"]
+    generation = generation_of(tmp_path)
     assert journal.read_bytes() == b""
 
     cp = with_claim(store.load(), claim(5))
@@ -168,14 +182,11 @@ def test_records_must_follow_each_other_in_sequence(tmp_path):
 def test_a_bad_claim_in_a_valid_record_names_the_claim_and_field(tmp_path):
     store = CheckpointStore(tmp_path, boot_id="boot")
     store.save(base())
-    _, journal = files(tmp_path)
-    generation = json.loads(files(tmp_path)[0].read_text())["data"]["journalGeneration"]
     raw = json.loads(claim(6).model_dump_json())
     raw["devices"][0]["kind"] = 7
-    payload = json.dumps({"generation": generation, "seq": 1, "put": {"uid-0006": raw},
-                          "remove": []}, separators=(",", ":")).encode()
-    digest = hashlib.sha256(payload).hexdigest().encode()
-    journal.write_bytes(b'{"checksum":"sha256:' + digest + b'","record":' + payload + b"}\n")
+    write_line(tmp_path, json.dumps({"generation": generation_of(tmp_path), "seq": 1,
+                                     "put": {"uid-0006": raw}, "remove": []},
+                                    separators=(",", ":")).encode())
     with pytest.raises(CheckpointCorrupt,
                        match=r"put\.uid-0006\.devices\[0\]\.kind: Input should be 'gpu' or"):
         reopened(tmp_path)
@@ -184,14 +195,11 @@ def test_a_bad_claim_in_a_valid_record_names_the_claim_and_field(tmp_path):
 def test_fields_from_a_newer_build_in_journal_records_survive(tmp_path):
     store = CheckpointStore(tmp_path, boot_id="boot")
     store.save(base())
-    _, journal = files(tmp_path)
-    generation = json.loads(files(tmp_path)[0].read_text())["data"]["journalGeneration"]
     raw = json.loads(claim(6).model_dump_json())
     raw["futureClaimField"] = {"keep": [1, None]}
-    payload = json.dumps({"generation": generation, "seq": 1, "put": {"uid-0006": raw},
-                          "remove": [], "futureRecordField": 1}).encode()
-    digest = hashlib.sha256(payload).hexdigest().encode()
-    journal.write_bytes(b'{"checksum":"sha256:' + digest + b'","record":' + payload + b"}\n")
+    write_line(tmp_path, json.dumps({"generation": generation_of(tmp_path), "seq": 1,
+                                     "put": {"uid-0006": raw}, "remove": [],
+                                     "futureRecordField": 1}).encode())
     loaded = reopened(tmp_path).claims["uid-0006"]
     assert loaded.model_extra == {"futureClaimField": {"keep": [1, None]}}
     store.compact()

@@ -20,14 +20,6 @@ GV = "resource.nvidia.com/v1beta1"
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[SimNode]:
-    n = start_node(tmp_path)
-    yield n
-    n.close()
-    sim.uninstall()
-
-
-@pytest.fixture
 def gated_node(tmp_path: Path) -> Iterator[Callable[..., SimNode]]:
     """Start a node with feature gates off or other host commands (``start_node``'s options)."""
     started: list[SimNode] = []
