@@ -1,5 +1,8 @@
 """The checkpoint on disk: a snapshot, a journal of claim changes, and one writer at a time.
 
+(Over 450 lines: the cache, the append and the compaction share one state and the
+orderings below; split apart, each would have to re-check the others' invariants.)
+
 Three files in the driver's directory:
 
 - ``checkpoint.json``, the snapshot (:mod:`gpudra.driver.checkpoint_codec`), only ever
@@ -18,7 +21,8 @@ baselines, unknown fields, no readable state, a journal past ``MAX_RECORDS`` or
 ``MAX_BYTES`` — compacts, in this order:
 
 1. open the journal, creating it if missing;
-2. replace the snapshot with a new, random generation (version 3): the fsync makes its
+2. replace the snapshot with a new, random generation (version 3; a checkpoint without
+   claims is written as version 2, no journal in effect): the fsync makes its
    content durable before the rename publishes it, the directory fsync makes the rename
    durable and with it the journal's directory entry (so appends need only fdatasync);
 3. empty the journal (``ftruncate`` + ``fsync``).
@@ -31,7 +35,9 @@ Load = the snapshot plus its generation's records, in order. Lockless readers ma
 writer: an append in progress is an unfinished last line ("not there yet"), and a
 compaction replaces the snapshot before it empties the journal, so a reader that finds the
 snapshot path unchanged after reading the journal has read a matching pair (else it reads
-again; after a few tries it takes the lock).
+again; after a few tries it takes the lock). A reader that found stale records (a new
+snapshot, the old journal not yet emptied) reads the journal from its start next time, not
+from where it stopped: the emptied journal may have grown past that point meanwhile.
 
 Downgrades. An older build reads the snapshot only; missing the journal's claims it would
 destroy their MIG devices on reconcile. A snapshot with a journal in effect is therefore
