@@ -4,7 +4,9 @@
         2>/dev/null
 
 No API server and no gRPC: the Preparer's claim fetcher is replaced by one that answers
-from memory (this measures our own process, the part issue 14 is about). Prints wall
+from memory, on an event loop in a thread of its own, as in the daemon (this measures our
+own process, the part issue 14 is about); the calls run in the main thread, as a gRPC call
+thread runs them, so cProfile sees all of the device work. Prints wall
 clock and CPU per claim for single and batched calls; with ``--profile`` prints the top
 of a cProfile of that phase.
 """
@@ -17,9 +19,10 @@ import cProfile
 import io
 import pstats
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +31,15 @@ from gpudra.api.claims import ClaimRef
 from gpudra.cli.logs import configure_logging
 from gpudra.driver import sim
 from gpudra.driver.claims import ClaimError
-from gpudra.kubeletplugin.device_threads import A, DeviceThreads, R
 from gpudra.kubeletplugin.preparer import Preparer
 from tests.driver.node_fixture import POOL, start_node
 from tests.integration.daemon import claim_object
 
 
-class InlineThreads(DeviceThreads):
-    """Runs the device work in the calling thread, so cProfile sees it."""
-
-    def run(self, fn: Callable[[A], R], arg: A) -> asyncio.Future[R]:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        try:
-            future.set_result(fn(arg))
-        except BaseException as exc:  # handed to the awaiting coroutine
-            future.set_exception(exc)
-        return future
-
-
 class MemoryFetcher:
     """Answers GETs from a dict, as fast as a cache (the API server is not measured here)."""
+
+    timeout = 10.0
 
     def __init__(self) -> None:
         self.claims: dict[str, Mapping[str, Any]] = {}
@@ -98,18 +90,20 @@ def main() -> None:
 
 def run(state: Any, args: argparse.Namespace) -> None:
     fetcher = MemoryFetcher()
-    preparer = Preparer(driver="gpu.nvidia.com", fetcher=fetcher,  # type: ignore[arg-type]
-                        state=state, threads=InlineThreads() if args.profile else None)
     loop = asyncio.new_event_loop()
+    looping = threading.Thread(target=loop.run_forever, name="loop", daemon=True)
+    looping.start()
+    preparer = Preparer(driver="gpu.nvidia.com", fetcher=fetcher,  # type: ignore[arg-type]
+                        state=state, loop=loop)
     profiler = cProfile.Profile()
 
-    def call(phase: str, method: Callable[[list[ClaimRef]], Awaitable[object]],
+    def call(phase: str, method: Callable[[list[ClaimRef]], object],
              refs: list[ClaimRef]) -> Callable[[], object]:
         def go() -> object:
             if args.profile == phase:
                 profiler.enable()
             try:
-                return loop.run_until_complete(method(refs))
+                return method(refs)
             finally:
                 if args.profile == phase:
                     profiler.disable()
@@ -127,7 +121,7 @@ def run(state: Any, args: argparse.Namespace) -> None:
     for i in range(args.claims // 4):
         ref = fetcher.add([f"gpu-{i % 8}-mig-1g10gb-19-{i % 7}"])
         mig.append(timed(call("mig", preparer.prepare, [ref])))
-        loop.run_until_complete(preparer.unprepare([ref]))
+        preparer.unprepare([ref])
     print(line("prepare, 1 dynamic-MIG claim", mig))
     for size, admin in ((8, False), (64, True)):
         p, u = [], []
@@ -137,6 +131,8 @@ def run(state: Any, args: argparse.Namespace) -> None:
             u.append(timed(call(f"batch{size}", preparer.unprepare, refs)))
         print(line(f"prepare, one call with {size} claims", p))
         print(line(f"unprepare, one call with {size} claims", u))
+    loop.call_soon_threadsafe(loop.stop)
+    looping.join()
     loop.close()
     if args.profile:
         out = io.StringIO()

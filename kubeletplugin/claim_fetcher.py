@@ -27,6 +27,11 @@ class ClaimFetcher:
     def __init__(self, session: ApiSession, *, timeout: float = 10.0) -> None:
         self._api = RawApi(session, timeout=timeout)
 
+    @property
+    def timeout(self) -> float:
+        """Seconds one GET may take, headers and body."""
+        return self._api.timeout
+
     async def fetch(self, namespace: str, name: str, uid: str) -> Mapping[str, Any]:
         try:
             return await self._api.get(RESOURCE_CLAIMS, name, namespace=namespace)

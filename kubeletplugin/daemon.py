@@ -56,7 +56,7 @@ MONITOR_STOP_WAIT = 0.02
 USAGE_STOP_WAIT = 2.0
 """Seconds shutdown waits for a usage sampling pass in progress."""
 DEVICE_WORK_STOP_WAIT = 5.0
-"""At stop, how long device work already running (a MIG create, an MPS start) may finish;
+"""At stop, how long kubelet calls still working (a MIG create, an MPS start) may finish;
 then the checkpoint's journal is folded into the snapshot an older build reads too."""
 
 
@@ -144,15 +144,10 @@ class _Runtime:
                             + (f" (last error: {error})" if error else ""))
         return problems + self.supervisor.problems()
 
-    async def _finish_device_work(self) -> None:
-        """No call can arrive any more: let device work in progress end (a thread cut off
-        mid-MIG-create is safe, reconcile converges, but needless), then fold the
-        checkpoint's journal into a snapshot, so a rollback to an older build reads it."""
-        work = await _in_daemon_thread_within(DEVICE_WORK_STOP_WAIT + 0.5, self.preparer.close,
-                                              DEVICE_WORK_STOP_WAIT)
-        if work is None or work.exception() is not None or not work.result() \
-                or self.state is None:
-            return  # a thread still works and may hold the checkpoint lock: leave it as is
+    async def _fold_checkpoint(self) -> None:
+        """Every call's work ended (the server waited for it: a thread cut off mid-MIG-create
+        is safe, reconcile converges, but needless): fold the checkpoint's journal into a
+        snapshot, so a rollback to an older build reads it."""
         compact = await _in_daemon_thread_within(DEVICE_WORK_STOP_WAIT, self.state.store.compact)
         error = None if compact is None else compact.exception()
         if compact is None or error is not None:
@@ -163,9 +158,11 @@ class _Runtime:
         if self.health is not None:  # its streams would make the server wait out `grace`
             self.health.close()
         if self.server is not None:
-            await self.server.stop(grace)  # sockets go first: the kubelet sees us leave
-        if self.preparer is not None:
-            await self._finish_device_work()
+            # Sockets go first (the kubelet sees us leave), then calls' work may end.
+            await self.server.stop(grace, work_wait=DEVICE_WORK_STOP_WAIT)
+            if self.state is not None and self.server.calls_finished:
+                await self._fold_checkpoint()
+            # else a call thread still works and may hold the checkpoint lock: leave it
         await self.supervisor.stop()
         if self.probes is not None:
             self.probes.stop()
@@ -258,7 +255,8 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
                                     idle_events.idle_changed)
     runtime.state = state
     runtime.preparer = Preparer(driver=config.driver_name, fetcher=ClaimFetcher(api),
-                                state=state, observer=Observers(status, idle_events, pods))
+                                state=state, loop=asyncio.get_running_loop(),
+                                observer=Observers(status, idle_events, pods))
     starting.ready(runtime.preparer)
     if config.usage_interval > 0:
         runtime.usage = UsageSampler(
@@ -373,42 +371,47 @@ def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
 
 class _StartingPreparer:
     """Claim calls that arrive while phase 2 runs (devices, checkpoint, API client) wait
-    here: well under a second on a simulated node, far inside the kubelet's 45 s call
-    deadline. If phase 2 fails (or the daemon stops first), every waiting and later call
-    gets the reason as each claim's error, which the kubelet reports and retries.
+    here, in their call threads: well under a second on a simulated node, far inside the
+    kubelet's 45 s call deadline. If phase 2 fails (or the daemon stops first), every
+    waiting and later call gets the reason as each claim's error, which the kubelet reports
+    and retries. :meth:`ready` and :meth:`fail` may be called from any thread.
     """
 
     def __init__(self) -> None:
-        self._settled = asyncio.Event()
+        self._settled = threading.Event()
         self._inner: ClaimPreparer | None = None
         self._failure: str | None = None
+        self._lock = threading.Lock()
 
     def ready(self, inner: ClaimPreparer) -> None:
-        self._inner = inner
-        self._settled.set()
+        with self._lock:
+            if not self._settled.is_set():
+                self._inner = inner
+                self._settled.set()
 
     def fail(self, reason: str) -> None:
         """Phase 2 did not finish: answer with ``reason`` (no-op once ready)."""
-        if not self._settled.is_set():
-            self._failure = reason
-            self._settled.set()
+        with self._lock:
+            if not self._settled.is_set():
+                self._failure = reason
+                self._settled.set()
 
-    async def _target(self) -> ClaimPreparer | None:
-        await self._settled.wait()
+    def _target(self) -> ClaimPreparer | None:
+        self._settled.wait()
         return self._inner
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
-        inner = await self._target()
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+        inner = self._target()
         if inner is None:
             return {ref.uid: PrepareOutcome(error=f"claim {ref}: {self._failure}")
                     for ref in claims}
-        return await inner.prepare(claims)
+        return inner.prepare(claims)
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        inner = await self._target()
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        inner = self._target()
         if inner is None:
             return {ref.uid: f"claim {ref}: {self._failure}" for ref in claims}
-        return await inner.unprepare(claims)
+        return inner.unprepare(claims)
 
 
 T = TypeVar("T")

@@ -5,14 +5,16 @@ Both API versions share :class:`ClaimCalls`, which turns the request's claims in
 logs; the two servicers only build their version's messages. The kubelet treats an RPC
 error as "nothing happened" and retries the whole batch, so everything that concerns one
 claim is reported in that claim's entry and only a broken preparer fails the call.
+
+The servicers are synchronous: gRPC's sync server runs each call in one of its call
+threads (:mod:`.call_threads`) from request to answer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -84,13 +86,13 @@ class ClaimCalls:
         self._preparer = preparer
         self._request_ids = itertools.count(1)
 
-    async def prepare(
+    def prepare(
         self, method: str, wire_claims: Sequence[WireClaim], context: Any
     ) -> dict[str, PrepareOutcome]:
         """Prepare the request's claims; a per-claim problem becomes that claim's error."""
         batch = _Batch.of(wire_claims)
         call = _Call(method, next(self._request_ids), len(wire_claims))
-        answered = await call.run(batch, context, self._preparer.prepare)
+        answered = call.run(batch, context, self._preparer.prepare)
         outcomes: dict[str, PrepareOutcome] = {}
         for ref in batch.claims:
             if ref.uid in batch.rejected:
@@ -102,13 +104,13 @@ class ClaimCalls:
         call.done("prepared")
         return outcomes
 
-    async def unprepare(
+    def unprepare(
         self, method: str, wire_claims: Sequence[WireClaim], context: Any
     ) -> dict[str, str | None]:
         """Unprepare the request's claims; the result maps uid to an error or None."""
         batch = _Batch.of(wire_claims)
         call = _Call(method, next(self._request_ids), len(wire_claims))
-        answered = await call.run(batch, context, self._preparer.unprepare)
+        answered = call.run(batch, context, self._preparer.unprepare)
         errors: dict[str, str | None] = {}
         for ref in batch.claims:
             if ref.uid in batch.rejected:
@@ -139,29 +141,30 @@ class _Call:
         self._failed = 0
         self._done: dict[str, list[str]] = {}
 
-    async def run(
+    def run(
         self,
         batch: _Batch,
         context: Any,
-        handler: Callable[[Sequence[ClaimRef]], Awaitable[Mapping[str, _Result]]],
+        handler: Callable[[Sequence[ClaimRef]], Mapping[str, _Result]],
     ) -> Mapping[str, _Result]:
         refs = list(batch.for_driver)
         try:
-            answered = await handler(refs) if refs else {}
-        except asyncio.CancelledError:
-            # The kubelet gave up (45 s timeout) or the server is stopping; it will retry.
-            log.warning("call cancelled", method=self._method, request_id=self._request_id,
-                        claims=[str(ref) for ref in refs], duration_s=self._elapsed())
-            raise
+            answered = handler(refs) if refs else {}
         except Exception as exc:
             log.exception("driver failed", method=self._method, request_id=self._request_id,
                           claims=[str(ref) for ref in refs], duration_s=self._elapsed())
-            await context.abort(
+            context.abort(
                 grpc.StatusCode.INTERNAL,
                 f"{self._method}: internal error in the driver while handling "
                 f"{len(refs)} claim(s): {type(exc).__name__}: {exc}",
             )
             raise AssertionError("unreachable: context.abort raises") from exc
+        if not context.is_active():
+            # The kubelet gave up (its 45 s deadline) or the server stopped: the work is
+            # done and stays done; the kubelet's retry finds it in the checkpoint.
+            log.warning("the kubelet stopped waiting before the answer", method=self._method,
+                        request_id=self._request_id, claims=[str(ref) for ref in refs],
+                        duration_s=self._elapsed())
         unknown = sorted(set(answered) - {ref.uid for ref in refs})
         if unknown:
             # The kubelet fails the whole call on a uid it did not ask for: drop them.
@@ -201,13 +204,13 @@ class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
         self._calls = calls
 
     def add_to_server(self, server: Any) -> None:
-        """Register on a ``grpc.aio.Server``."""
+        """Register on a (synchronous) ``grpc.Server``."""
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
 
-    async def NodePrepareResources(
+    def NodePrepareResources(
         self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_v1_pb2.NodePrepareResourcesResponse:
-        outcomes = await self._calls.prepare("v1.NodePrepareResources", request.claims, context)
+        outcomes = self._calls.prepare("v1.NodePrepareResources", request.claims, context)
         return dra_v1_pb2.NodePrepareResourcesResponse(claims={
             uid: dra_v1_pb2.NodePrepareResourceResponse(
                 devices=[_v1_device(device) for device in outcome.devices] if not outcome.error
@@ -217,10 +220,10 @@ class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
             for uid, outcome in outcomes.items()
         })
 
-    async def NodeUnprepareResources(
+    def NodeUnprepareResources(
         self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Any
     ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
-        errors = await self._calls.unprepare("v1.NodeUnprepareResources", request.claims, context)
+        errors = self._calls.unprepare("v1.NodeUnprepareResources", request.claims, context)
         return dra_v1_pb2.NodeUnprepareResourcesResponse(claims={
             uid: dra_v1_pb2.NodeUnprepareResourceResponse(error=error or "")
             for uid, error in errors.items()
@@ -234,14 +237,14 @@ class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
         self._calls = calls
 
     def add_to_server(self, server: Any) -> None:
-        """Register on a ``grpc.aio.Server``."""
+        """Register on a (synchronous) ``grpc.Server``."""
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
             self, server)
 
-    async def NodePrepareResources(
+    def NodePrepareResources(
         self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
-        outcomes = await self._calls.prepare(
+        outcomes = self._calls.prepare(
             "v1beta1.NodePrepareResources", request.claims, context)
         return dra_v1beta1_pb2.NodePrepareResourcesResponse(claims={
             uid: dra_v1beta1_pb2.NodePrepareResourceResponse(
@@ -252,10 +255,10 @@ class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
             for uid, outcome in outcomes.items()
         })
 
-    async def NodeUnprepareResources(
+    def NodeUnprepareResources(
         self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: Any
     ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
-        errors = await self._calls.unprepare(
+        errors = self._calls.unprepare(
             "v1beta1.NodeUnprepareResources", request.claims, context)
         return dra_v1beta1_pb2.NodeUnprepareResourcesResponse(claims={
             uid: dra_v1beta1_pb2.NodeUnprepareResourceResponse(error=error or "")

@@ -24,12 +24,16 @@ class PrepareOutcome:
 
 
 class ClaimPreparer(Protocol):
-    """Prepares and unprepares claims; must be idempotent (the kubelet retries)."""
+    """Prepares and unprepares claims; must be idempotent (the kubelet retries).
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+    Called in the gRPC server's call threads (:mod:`.call_threads`), several at once: it
+    blocks until the answer is known and must be thread-safe.
+    """
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
         """Prepare every claim; the result is keyed by claim uid."""
         ...
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
         """Unprepare every claim; the result maps claim uid to an error or None."""
         ...

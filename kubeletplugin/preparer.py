@@ -1,37 +1,43 @@
 """NodePrepareResources / NodeUnprepareResources: fetch, decode, and hand claims to the driver.
 
-API calls happen before any lock and concurrently for all claims of a call; the device
-work itself runs in a worker thread (NVML and file I/O block) under the driver's own
-serialisation, one thread hop per call. A claim the checkpoint already holds as prepared is
-answered from the checkpoint without asking the API server, so a kubelet restart during an
-API outage works. Logging is the gRPC layer's (:mod:`.dra_service`): a line per call and a
-warning per failed claim; here only metrics.
-
-The hop goes to :class:`DeviceThreads`, not ``asyncio.to_thread``: measured in the daemon,
-the default executor's futures, locks and context copy cost the loop ~0.1 ms per call.
+A call runs in one of the gRPC server's call threads (:mod:`.call_threads`) from start to
+answer: the checkpoint lookup, decoding and the device work (NVML, files, the durable
+commit) happen right there, under the driver's own serialisation; calls on different GPUs
+run in parallel. Only the claims' GETs go to the event loop, where the API client lives:
+one hop there and back per call, all of a call's GETs concurrently, before any lock. A
+claim the checkpoint already holds as prepared is answered from the checkpoint without
+asking the API server, so a kubelet restart during an API outage works. Logging is the gRPC
+layer's (:mod:`.dra_service`): a line per call and a warning per failed claim; here only
+metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.device_threads import DeviceThreads
 from gpudra.kubeletplugin.interfaces import PrepareOutcome
 
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 
+FETCH_MARGIN = 5.0
+"""Seconds a call waits for its GETs beyond the fetcher's own timeout before it gives up
+on the event loop (a loop that stopped answering must not hold a call thread for ever)."""
+
 
 class PrepareObserver(Protocol):
     """Told about each claim after its prepare or unprepare succeeded (claim status,
-    events); must only queue work, never block or raise."""
+    events), on the event loop; must only queue work, never block or raise."""
 
     def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice],
                  claim: ClaimToPrepare | None) -> None: ...
@@ -43,26 +49,26 @@ class Preparer:
     """Implements :class:`gpudra.kubeletplugin.interfaces.ClaimPreparer`."""
 
     def __init__(self, *, driver: str, fetcher: ClaimFetcher, state: DeviceState,
-                 observer: PrepareObserver | None = None,
-                 threads: DeviceThreads | None = None) -> None:
-        self._threads = threads or DeviceThreads()
+                 loop: asyncio.AbstractEventLoop,
+                 observer: PrepareObserver | None = None) -> None:
         self._driver = driver
         self._fetcher = fetcher
         self._state = state
+        self._loop = loop
         self._observer = observer
+        self._fetch_wait = fetcher.timeout + FETCH_MARGIN
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
+        told: list[tuple[ClaimRef, Sequence[PreparedDevice], ClaimToPrepare | None]] = []
         # Already prepared (a kubelet retry or restart): answer from the checkpoint, no GET.
         known = self._state.prepared_many(ref.uid for ref in claims)
-        for uid, prepared in known.items():
-            outcomes[uid] = PrepareOutcome(devices=prepared)
-        if self._observer is not None:
-            for ref in claims:
-                if ref.uid in known:
-                    self._observer.prepared(ref, known[ref.uid], None)
+        for ref in claims:
+            if ref.uid in known:
+                outcomes[ref.uid] = PrepareOutcome(devices=known[ref.uid])
+                told.append((ref, known[ref.uid], None))
         to_fetch = [ref for ref in claims if ref.uid not in known]
-        fetched = await self._fetcher.fetch_all([(r.namespace, r.name, r.uid) for r in to_fetch])
+        fetched = self._fetch(to_fetch) if to_fetch else []
         decoded: list[tuple[ClaimRef, ClaimToPrepare]] = []
         for ref, raw in zip(to_fetch, fetched, strict=True):
             try:
@@ -72,39 +78,71 @@ class Preparer:
                                                   uid=ref.uid, driver=self._driver)))
             except ClaimError as exc:
                 outcomes[ref.uid] = self._failed(ref, exc)
-        if not decoded:
-            return outcomes
-        started = time.perf_counter()
-        results = await self._threads.run(self._state.prepare_many, [c for _, c in decoded])
-        each = (time.perf_counter() - started) / len(decoded)
-        for ref, claim in decoded:
-            result = results[claim.uid]
-            if isinstance(result, ClaimError):
-                outcomes[ref.uid] = self._failed(ref, result)
-                continue
-            metrics.PREPARE_SECONDS.observe(each)
-            outcomes[ref.uid] = PrepareOutcome(devices=result)
-            if self._observer is not None:
-                self._observer.prepared(ref, result, claim)
+        if decoded:
+            started = time.perf_counter()
+            results = self._state.prepare_many([c for _, c in decoded])
+            each = (time.perf_counter() - started) / len(decoded)
+            for ref, claim in decoded:
+                result = results[claim.uid]
+                if isinstance(result, ClaimError):
+                    outcomes[ref.uid] = self._failed(ref, result)
+                    continue
+                metrics.PREPARE_SECONDS.observe(each)
+                outcomes[ref.uid] = PrepareOutcome(devices=result)
+                told.append((ref, result, claim))
+        if told and self._observer is not None:
+            self._on_loop(self._tell_prepared, told)
         return outcomes
 
-    def close(self, timeout: float | None = None) -> bool:
-        """At shutdown, once no call can arrive: wait up to ``timeout`` for device work in
-        progress, then end its threads; True if it all ended. Blocks: run it off the loop."""
-        return self._threads.close(timeout)
+    def _fetch(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | ClaimError]:
+        """The claims' GETs, run on the event loop (all at once); each slot holds the claim
+        or the error for it."""
+        from gpudra.kubeletplugin.claim_fetcher import ClaimFetchError
+
+        keys = [(r.namespace, r.name, r.uid) for r in refs]
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._fetcher.fetch_all(keys), self._loop)
+        except RuntimeError as exc:  # the loop is closed: the daemon is exiting
+            return [ClaimFetchError(f"claim {ref}: the node daemon is stopping ({exc})")
+                    for ref in refs]
+        try:
+            return future.result(self._fetch_wait)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return [ClaimFetchError(f"claim {ref}: no answer from the API server within "
+                                    f"{self._fetch_wait:g} s") for ref in refs]
+
+    def _on_loop(self, tell: Any, items: Any) -> None:
+        """Hand the observers one call's claims on the event loop (one wake-up per call)."""
+        # A closed loop: the daemon is exiting, nothing is written any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(tell, items)
+
+    def _tell_prepared(
+        self, told: Sequence[tuple[ClaimRef, Sequence[PreparedDevice], ClaimToPrepare | None]],
+    ) -> None:
+        assert self._observer is not None
+        for ref, devices, claim in told:
+            self._observer.prepared(ref, devices, claim)
+
+    def _tell_unprepared(self, refs: Sequence[ClaimRef]) -> None:
+        assert self._observer is not None
+        for ref in refs:
+            self._observer.unprepared(ref)
 
     @staticmethod
     def _failed(ref: ClaimRef, exc: ClaimError) -> PrepareOutcome:
         metrics.PREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
         return PrepareOutcome(error=str(exc))
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
         if not claims:
             return {}
         started = time.perf_counter()
-        results = await self._threads.run(self._state.unprepare_many, [r.uid for r in claims])
+        results = self._state.unprepare_many([r.uid for r in claims])
         each = (time.perf_counter() - started) / len(claims)
         errors: dict[str, str | None] = {}
+        done: list[ClaimRef] = []
         for ref in claims:
             error = results[ref.uid]
             if error is not None:
@@ -113,6 +151,7 @@ class Preparer:
                 continue
             metrics.UNPREPARE_SECONDS.observe(each)
             errors[ref.uid] = None
-            if self._observer is not None:
-                self._observer.unprepared(ref)
+            done.append(ref)
+        if done and self._observer is not None:
+            self._on_loop(self._tell_unprepared, done)
         return errors

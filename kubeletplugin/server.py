@@ -1,15 +1,22 @@
 """The node daemon's two gRPC servers: DRA services and registration, one per unix socket.
 
+The DRA socket is gRPC's synchronous server: each kubelet call runs from request to answer
+in one of its call threads (:mod:`.call_threads`), device work included. The registration
+socket is ``grpc.aio`` on the event loop: it answers while start-up runs and feeds the
+loop's registration state.
+
 Start order matters: the DRA server listens before the registration socket appears, so the
 kubelet never sees a registration whose endpoint does not answer. Stop order is the
 reverse: the registration socket goes first (its removal de-registers us; with a rolling
-update the kubelet moves to the other instance), then in-flight DRA calls get a grace period.
+update the kubelet moves to the other instance), then in-flight DRA calls get a grace period,
+then their work (which gRPC's cancellation does not stop) a bounded time to finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +26,7 @@ import grpc
 import structlog
 
 from . import sockets
+from .call_threads import CallThreads
 from .dra_service import ClaimCalls, DraV1beta1Servicer, DraV1Servicer
 from .interfaces import ClaimPreparer
 from .registration import RegistrationServicer, RegistrationState, supported_versions
@@ -26,10 +34,17 @@ from .registration import RegistrationServicer, RegistrationState, supported_ver
 log = structlog.get_logger(__name__)
 
 DEFAULT_STOP_GRACE = 5.0
+DEFAULT_WORK_WAIT = 5.0
+"""At stop, after the grace period: how long call threads still working (a MIG create, an
+MPS start) may finish before the daemon goes on without them."""
+CALL_THREADS = min(32, (os.cpu_count() or 1) + 4)
+"""Claim calls on different GPUs proceed in parallel up to this many (the default
+executor's limit); more wait for a thread. Health streams get threads of their own."""
 
 
 class Servicer(Protocol):
-    """Something that registers its gRPC service(s) on a ``grpc.aio.Server``."""
+    """Something that registers its gRPC service(s) on a ``grpc.Server`` (DRA socket:
+    synchronous handlers) or a ``grpc.aio.Server`` (registration socket)."""
 
     def add_to_server(self, server: Any) -> None: ...
 
@@ -37,6 +52,12 @@ class Servicer(Protocol):
 class HealthServicer(Servicer, Protocol):
     """Serves ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth``: its
     ``add_to_server`` registers both, and both are advertised when one is given."""
+
+    @property
+    def max_streams(self) -> int:
+        """Streams served at once, each holding a call thread for its life; the server
+        keeps that many threads beyond :data:`CALL_THREADS`."""
+        ...
 
 
 class ServerStartError(RuntimeError):
@@ -69,8 +90,10 @@ class PluginServer:
         self._versions = supported_versions(health=health_servicer is not None)
         self._registration = RegistrationState()
         self._dra_server: Any = None
+        self._call_threads: CallThreads | None = None
         self._registration_server: Any = None
         self._stopping: asyncio.Task[None] | None = None
+        self._calls_finished = True
 
     @property
     def driver_name(self) -> str:
@@ -99,6 +122,12 @@ class PluginServer:
         return self._registration
 
     @property
+    def calls_finished(self) -> bool:
+        """After :meth:`stop`: every call's work ended (False: a call thread still works
+        and may, e.g., hold the checkpoint lock)."""
+        return self._calls_finished
+
+    @property
     def serving(self) -> bool:
         """Started and not (being) stopped."""
         return self._dra_server is not None and self._stopping is None
@@ -113,13 +142,16 @@ class PluginServer:
         dra_servicers: list[Servicer] = [DraV1Servicer(calls), DraV1beta1Servicer(calls)]
         if self._health is not None:
             dra_servicers.append(self._health)
-        self._dra_server = await _serve(self._dra_socket, dra_servicers)
+        threads = CallThreads(
+            CALL_THREADS + (self._health.max_streams if self._health is not None else 0))
+        self._dra_server = _serve_calls(self._dra_socket, dra_servicers, threads)
+        self._call_threads = threads
         registration = RegistrationServicer(
             self._driver_name, str(self._dra_socket), self._versions, self._registration)
         try:
             self._registration_server = await _serve(self._registration_socket, [registration])
         except BaseException:
-            await _shutdown(self._dra_server, self._dra_socket, grace=None)
+            await self._stop_calls(self._dra_server, grace=None, work_wait=0.0)
             self._dra_server = None
             raise
         log.info("serving the kubelet", driver=self._driver_name,
@@ -127,25 +159,45 @@ class PluginServer:
                  registration_socket=str(self._registration_socket),
                  supported_versions=list(self._versions))
 
-    async def stop(self, grace: float | None = DEFAULT_STOP_GRACE) -> None:
-        """Stop serving: registration at once, DRA calls in flight get ``grace`` seconds.
+    async def stop(self, grace: float | None = DEFAULT_STOP_GRACE, *,
+                   work_wait: float = DEFAULT_WORK_WAIT) -> None:
+        """Stop serving: registration at once, DRA calls in flight get ``grace`` seconds to
+        answer, and their work ``work_wait`` more to end (see :attr:`calls_finished`).
 
         Idempotent and safe to call concurrently; a cancelled caller does not cut the
         shutdown short.
         """
         if self._stopping is None:
-            self._stopping = asyncio.create_task(self._stop(grace), name="gpudra-plugin-stop")
+            self._stopping = asyncio.create_task(self._stop(grace, work_wait),
+                                                 name="gpudra-plugin-stop")
         await asyncio.shield(self._stopping)
 
-    async def _stop(self, grace: float | None) -> None:
+    async def _stop(self, grace: float | None, work_wait: float) -> None:
         registration_server, self._registration_server = self._registration_server, None
         dra_server, self._dra_server = self._dra_server, None
         if registration_server is not None:
             await _shutdown(registration_server, self._registration_socket, grace=None)
         self._registration.record(registered=False, error=None)
         if dra_server is not None:
-            await _shutdown(dra_server, self._dra_socket, grace=grace)
+            await self._stop_calls(dra_server, grace=grace, work_wait=work_wait)
             log.info("stopped serving the kubelet", driver=self._driver_name)
+
+    async def _stop_calls(self, server: Any, *, grace: float | None, work_wait: float) -> None:
+        """Stop the DRA server, remove its socket, then wait for the call threads."""
+        threads, self._call_threads = self._call_threads, None
+        started = time.monotonic()
+        try:
+            stopped = server.stop(grace)  # a threading.Event, set once every RPC ended
+            await asyncio.get_running_loop().run_in_executor(None, stopped.wait)
+        finally:
+            _remove(self._dra_socket)
+        if threads is not None:
+            # gRPC's cancellation at the end of the grace does not stop a call's thread.
+            self._calls_finished = await asyncio.get_running_loop().run_in_executor(
+                None, threads.close, work_wait)
+            if not self._calls_finished:
+                log.warning("kubelet calls still working after the stop's wait",
+                            waited_seconds=round(time.monotonic() - started, 1))
 
     async def __aenter__(self) -> PluginServer:
         await self.start()
@@ -173,6 +225,22 @@ async def _serve(socket: Path, servicers: Sequence[Servicer]) -> Any:
         await server.stop(None)
         raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
     await server.start()
+    return server
+
+
+def _serve_calls(socket: Path, servicers: Sequence[Servicer], threads: CallThreads) -> Any:
+    """A started synchronous gRPC server on ``socket`` whose calls run in ``threads``."""
+    _remove_stale(socket)
+    server = grpc.server(threads)  # any Executor serves: gRPC only calls submit()
+    for servicer in servicers:
+        servicer.add_to_server(server)
+    try:
+        server.add_insecure_port(f"unix:{socket}")
+    except RuntimeError as exc:
+        server.stop(None)
+        threads.close(0.0)
+        raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
+    server.start()
     return server
 
 

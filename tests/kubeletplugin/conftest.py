@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +50,10 @@ def gpu(n: int, *requests: str, share_id: str | None = None) -> PreparedDevice:
 
 
 class TestPreparer:
-    """A :class:`ClaimPreparer` double: canned outcomes, records calls, can stall or fail."""
+    """A :class:`ClaimPreparer` double: canned outcomes, records calls, can stall or fail.
+
+    Runs in the server's call threads, as the real one: ``gate`` and ``entered`` are
+    threading events (wait for ``entered`` off the event loop: ``asyncio.to_thread``)."""
 
     __test__ = False  # not a test class, despite the name
 
@@ -59,30 +62,30 @@ class TestPreparer:
         self.unprepare_errors: dict[str, str | None] = {}
         self.prepared: list[list[ClaimRef]] = []
         self.unprepared: list[list[ClaimRef]] = []
-        self.gate: asyncio.Event | None = None  # when set, calls wait for it
-        self.entered = asyncio.Event()
+        self.gate: threading.Event | None = None  # when given, calls wait until it is set
+        self.entered = threading.Event()
         self.error: Exception | None = None
         self.omit: set[str] = set()  # uids left out of the answer
         self.extra: dict[str, PrepareOutcome] = {}  # answers for uids nobody asked about
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
         self.prepared.append(list(claims))
-        await self._maybe_wait_or_fail()
+        self._maybe_wait_or_fail()
         answer = {
             c.uid: self.outcomes.get(c.uid, PrepareOutcome(devices=(gpu(0),)))
             for c in claims if c.uid not in self.omit
         }
         return {**answer, **self.extra}
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
         self.unprepared.append(list(claims))
-        await self._maybe_wait_or_fail()
+        self._maybe_wait_or_fail()
         return {c.uid: self.unprepare_errors.get(c.uid) for c in claims if c.uid not in self.omit}
 
-    async def _maybe_wait_or_fail(self) -> None:
+    def _maybe_wait_or_fail(self) -> None:
         self.entered.set()
         if self.gate is not None:
-            await self.gate.wait()
+            self.gate.wait(30)  # bounded: a test that forgets to set it still ends
         if self.error is not None:
             raise self.error
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import grpc
@@ -154,51 +157,106 @@ async def test_registration_advertises_both_health_versions(setup: Setup) -> Non
                                                     HEALTH_V1ALPHA1_ADVERTISED)
 
 
-async def test_many_streams_all_get_changes_and_none_leaks(setup: Setup) -> None:
+async def test_streams_up_to_the_limit_all_get_changes_and_none_leaks(setup: Setup) -> None:
+    """Each stream holds a server thread: up to ``max_streams`` are served, more refused."""
+    limit = setup.service.max_streams
     async with setup.channel() as channel:
         calls = [
             VERSIONS[v][1].DRAResourceHealthStub(channel).NodeWatchResources(
                 VERSIONS[v][0].NodeWatchResourcesRequest())
-            for v in ["v1", "v1alpha1"] * 10
+            for v in (["v1", "v1alpha1"] * limit)[:limit]
         ]
         for call in calls:
             await _next(call)
-        assert setup.service.open_streams == 20
+        assert setup.service.open_streams == limit
         setup.service.notify()
         for call in calls:
             assert len(await _next(call)) == 4
+
+        extra = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_v1_pb2.NodeWatchResourcesRequest())
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(extra.read(), timeout=3)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert setup.service.open_streams == limit
+
         for call in calls:
             call.cancel()
-        for _ in range(100):
-            if setup.service.open_streams == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert setup.service.open_streams == 0
+        await _all_closed(setup.service)
+        again = health_v1alpha1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_v1alpha1_pb2.NodeWatchResourcesRequest())
+        assert len(await _next(again)) == 4  # the freed places serve new streams
+        again.cancel()
+        await _all_closed(setup.service)
 
 
-async def test_the_stream_repeats_itself_periodically(setup: Setup) -> None:
+@pytest.mark.parametrize("leave", ["cancel", "close the channel"])
+async def test_a_stream_whose_kubelet_leaves_gives_its_thread_back_at_once(
+        setup: Setup, leave: str) -> None:
+    """The resend interval is 60 s: a stream that noticed only when next writing would
+    hold its server thread that long (and a restarting kubelet would pile them up)."""
+    channel = setup.channel()
+    call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+        health_v1_pb2.NodeWatchResourcesRequest())
+    await _next(call)
+    assert setup.service.open_streams == 1 and _threads_in_streams() == 1
+    if leave == "cancel":
+        call.cancel()
+    else:  # the kubelet process went away with its connection
+        await channel.close()
+    await _all_closed(setup.service)
+    assert await _eventually(lambda: _threads_in_streams() == 0)
+    await channel.close()
+
+
+async def test_the_stream_repeats_itself_periodically(dirs: Dirs, preparer: TestPreparer) -> None:
     """Without changes, a stream is re-sent every ``resend_interval`` (fresh timestamps)."""
     times = iter(range(1_700_000_000, 1_800_000_000))
     service = HealthService(POOL, lambda: [DeviceHealth("gpu-0", "Healthy", "", next(times))],
                             resend_interval=0.05, health_check_timeout=0)
+    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
+                          health_servicer=service)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
+            call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_v1_pb2.NodeWatchResourcesRequest())
+            sent = [await asyncio.wait_for(call.read(), timeout=3)]  # at once
+            started = time.monotonic()
+            for _ in range(3):  # and then without being asked
+                sent.append(await asyncio.wait_for(call.read(), timeout=3))
+            assert time.monotonic() - started >= 3 * 0.05  # not more often than asked
+            stamps = [m.devices[0].last_updated_time for m in sent]
+            assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+            call.cancel()
+            await _all_closed(service)
+    finally:
+        await server.stop(grace=0)
 
-    class Context:
-        def __init__(self) -> None:
-            self.sent: list[Any] = []
 
-        async def write(self, message: Any) -> None:
-            self.sent.append(message)
+async def _all_closed(service: HealthService) -> None:
+    """Wait (briefly) until the server has ended every stream."""
+    assert await _eventually(lambda: service.open_streams == 0)
 
-    context = Context()
-    task = asyncio.create_task(service.stream("v1", health_v1_pb2, context))
-    await asyncio.sleep(0.18)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert 3 <= len(context.sent) <= 5
-    stamps = [m.devices[0].last_updated_time for m in context.sent]
-    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
-    assert service.open_streams == 0
+
+async def _eventually(condition: Callable[[], bool], within: float = 2.0) -> bool:
+    for _ in range(int(within / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
+
+
+def _threads_in_streams() -> int:
+    """Threads running a health stream right now (a server thread held by one)."""
+    stream = HealthService.stream.__code__
+    count = 0
+    for frame in sys._current_frames().values():
+        current: FrameType | None = frame
+        while current is not None and current.f_code is not stream:
+            current = current.f_back
+        count += current is not None
+    return count
 
 
 def test_messages_are_cut_to_the_kubelet_limit() -> None:

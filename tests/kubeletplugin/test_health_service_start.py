@@ -71,7 +71,7 @@ async def test_close_ends_open_streams_so_a_graceful_stop_does_not_wait_for_them
         await asyncio.wait_for(sending.read(), timeout=3)
         await asyncio.wait_for(waiting.read(), timeout=3)
 
-        service.close()
+        await asyncio.to_thread(service.close)  # any thread may close it
         started = time.monotonic()
         await server.stop(grace=30)
         assert time.monotonic() - started < 5
@@ -79,3 +79,24 @@ async def test_close_ends_open_streams_so_a_graceful_stop_does_not_wait_for_them
             assert await call.read() is grpc.aio.EOF
             assert await call.code() == grpc.StatusCode.OK
         assert service.open_streams == 0
+
+
+async def test_a_stream_waiting_for_the_devices_ends_when_its_kubelet_leaves(
+        dirs: Dirs, preparer: TestPreparer) -> None:
+    """No source ever comes here, so only the call's end can free the stream's thread."""
+    service = HealthService(POOL)
+    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
+                          health_servicer=service)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
+            call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_v1_pb2.NodeWatchResourcesRequest())
+            await opened(service, 1)
+            call.cancel()
+            started = time.monotonic()
+            while service.open_streams:
+                assert time.monotonic() - started < 2  # not the 30 s resend, nor for ever
+                await asyncio.sleep(0.01)
+    finally:
+        await server.stop(grace=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -178,9 +179,9 @@ async def test_the_emulator_ignores_hidden_files(server, dirs):
 
 async def test_get_info_answers_while_a_slow_prepare_is_in_flight(
         server, kubelet, preparer: TestPreparer):
-    preparer.gate = asyncio.Event()
+    preparer.gate = threading.Event()
     prepare = asyncio.create_task(kubelet.prepare([claim(1)]))
-    await asyncio.wait_for(preparer.entered.wait(), 2)
+    assert await asyncio.to_thread(preparer.entered.wait, 2)
 
     info = await asyncio.wait_for(kubelet.get_info(), 1)
     assert info.endpoint == str(server.dra_socket_path)
@@ -210,10 +211,12 @@ class _Health:
     def __init__(self, pb2: ModuleType) -> None:
         self._pb2 = pb2
 
-    async def NodeWatchResources(self, request: Any, context: Any) -> Any:
+    def NodeWatchResources(self, request: Any, context: Any) -> Any:
         pb2 = self._pb2
+        ended = threading.Event()
+        context.add_callback(ended.set)
         yield pb2.NodeWatchResourcesResponse(devices=[pb2.DeviceHealth(
             device=pb2.DeviceIdentifier(pool_name="node-a", device_name="gpu-0"),
             health=pb2.HealthStatus.HEALTHY,
         )])
-        await asyncio.Event().wait()  # a stream stays open until the kubelet goes away
+        ended.wait(30)  # a stream stays open until the kubelet goes away
