@@ -201,6 +201,8 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
 class FakeHealth:
     """A health servicer that reports one healthy device on both API versions."""
 
+    max_streams = 2
+
     def add_to_server(self, server: Any) -> None:
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_Health(health_v1_pb2), server)
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
