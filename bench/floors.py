@@ -52,7 +52,7 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
 _IMPORTS = ("asyncio, ssl, json, grpc, grpc.aio, google.protobuf, pydantic, structlog, "
-            "prometheus_client, pynvml, yaml")
+            "pynvml, yaml")
 
 
 async def grpc_floor(calls: int) -> tuple[float, float]:

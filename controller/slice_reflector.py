@@ -207,27 +207,33 @@ class SliceReflector:
         count = 0
         while (event := await stream.next()) is not None:
             count += 1
-            kind, obj = event.get("type"), event.get("object")
-            if not isinstance(obj, dict):
-                continue
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise _Expired
-                raise api_error("watch", RESOURCE_SLICES.plural, None,
-                                status=int(obj.get("code") or 500),
-                                reason=str(obj.get("reason") or ""),
-                                message=str(obj.get("message") or ""))
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self.resource_version = str(rv)
-            changed = self._remove(obj) if kind == "DELETED" else (
-                kind in ("ADDED", "MODIFIED") and self._apply(obj))
-            if changed:
-                self._on_change()
-            if count == 1 or self._failures.failing:
-                self._backoff.reset()
-                self._failures.recovered("slice watch working again")
+            self._handle(event, first=count == 1)
+            # Not kept while the watch idles, which is most of the time: the last event is
+            # a whole slice, ~0.4 MiB as Python objects.
+            del event
         return count
+
+    def _handle(self, event: Obj, *, first: bool) -> None:
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            return
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired
+            raise api_error("watch", RESOURCE_SLICES.plural, None,
+                            status=int(obj.get("code") or 500),
+                            reason=str(obj.get("reason") or ""),
+                            message=str(obj.get("message") or ""))
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self.resource_version = str(rv)
+        changed = self._remove(obj) if kind == "DELETED" else (
+            kind in ("ADDED", "MODIFIED") and self._apply(obj))
+        if changed:
+            self._on_change()
+        if first or self._failures.failing:
+            self._backoff.reset()
+            self._failures.recovered("slice watch working again")
 
     def _apply(self, obj: Obj) -> bool:
         name = object_name(obj)

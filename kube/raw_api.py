@@ -26,7 +26,7 @@ from gpudra.kube.objects import Obj
 from gpudra.kube.session import ApiSession
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter
+    from gpudra.api.prometheus import CounterChild
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _counted(error: ApiCallError) -> ApiCallError:
 
 
 @functools.cache
-def _succeeded(verb: str, resource: str) -> Counter:
+def _succeeded(verb: str, resource: str) -> CounterChild:
     """``API_CALLS`` of successful calls, looked up once per verb and resource
     (``labels()`` takes a lock and builds a key each time)."""
     return API_CALLS.labels(verb, resource, "ok")

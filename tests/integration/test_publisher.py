@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 import structlog
-from prometheus_client import REGISTRY
 
+from gpudra.api.prometheus import REGISTRY
 from gpudra.controller.publisher import SlicePublisher
 from gpudra.controller.slice_diff import slice_difference
 from gpudra.controller.slices import OwnerRef, build_slices

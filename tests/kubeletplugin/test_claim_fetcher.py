@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from prometheus_client import REGISTRY
 
+from gpudra.api.prometheus import REGISTRY
 from gpudra.driver.claims import ClaimError
 from gpudra.driver.metrics import error_reason
 from gpudra.kube.errors import ApiCallError

@@ -14,7 +14,10 @@ PHASE_TWO = (
     "gpudra.kubeletplugin.node_state", "gpudra.kubeletplugin.preparer",
     "gpudra.controller.publisher",
 )
-NEVER = ("aiohttp", "kubernetes")
+# Memory (issue 14): prometheus_client's __init__ imports its HTTP servers and push client
+# too (2 MiB; /metrics is written by gpudra.api.prometheus); importlib.metadata imports
+# email, zipfile, csv… (1.1 MiB; see gpudra.api.no_pydantic_plugins and gpudra.cli.version).
+NEVER = ("aiohttp", "kubernetes", "prometheus_client", "importlib.metadata")
 
 
 def imported_after(code: str) -> set[str]:
@@ -42,3 +45,16 @@ def test_the_second_phase_imports_what_it_uses():
                              "daemon._import_client_modules()")
     assert sorted(set(PHASE_TWO) - modules) == []
     assert sorted(modules & set(NEVER)) == []
+
+
+def test_the_metrics_endpoint_and_the_version_line_need_neither():
+    modules = imported_after("import gpudra.cli.main, gpudra.cli.node_cmd\n"
+                             "from gpudra.kubeletplugin import daemon, http_probes\n"
+                             "from gpudra.cli.version import version\n"
+                             "daemon._import_client_modules()\n"
+                             "version()")
+    assert "gpudra.api.prometheus" in modules and "gpudra.api.configs" in modules
+    assert sorted(modules & set(NEVER)) == []
+    # A daemon in its pod reads no kubeconfig file (and a real node no simulator data):
+    # PyYAML is imported only to read one (0.9 MiB resident).
+    assert "gpudra.kube.kubeconfig" in modules and "yaml" not in modules
