@@ -59,8 +59,18 @@ class CallThreads(Executor):
             if self._busy > len(self._threads) and len(self._threads) < self._max:
                 thread = threading.Thread(target=self._work, daemon=True,
                                           name=f"{self._name}-{len(self._threads)}")
-                thread.start()
-                self._threads.append(thread)
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # "can't start new thread": a pids limit
+                    if not self._threads:
+                        # Nobody would ever run it. Fail this job, not gRPC's serving
+                        # thread (an exception from submit would end it for good).
+                        self._busy -= 1
+                        future.set_exception(exc)
+                        return future
+                    # The threads there are take it when one is free.
+                else:
+                    self._threads.append(thread)
         self._jobs.put((future, fn, args, kwargs))
         return future
 
@@ -90,11 +100,21 @@ class CallThreads(Executor):
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as exc:  # the future's owner (gRPC) reports it
-                    future.set_exception(exc)
+                    outcome: tuple[Any, BaseException | None] = (None, exc)
                     del exc
                 else:
-                    future.set_result(result)
+                    outcome = (result, None)
                     del result
-            with self._lock:
-                self._busy -= 1
+                # Free before the future wakes anyone: a submit right after the answer
+                # must find this thread idle, not start another.
+                with self._lock:
+                    self._busy -= 1
+                if outcome[1] is not None:
+                    future.set_exception(outcome[1])
+                else:
+                    future.set_result(outcome[0])
+                del outcome
+            else:
+                with self._lock:
+                    self._busy -= 1
             del future, fn, args, kwargs

@@ -31,7 +31,7 @@ from gpudra.driver.faults import delay_point
 from gpudra.kubeletplugin.api_access import ApiAccessError, api_session, check_api_access
 from gpudra.kubeletplugin.grpc_probe import answers_get_info
 from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome
+from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome, always
 from gpudra.kubeletplugin.node_config import NodeConfig
 from gpudra.kubeletplugin.publish_gate import PublishGate
 from gpudra.kubeletplugin.server import PluginServer
@@ -55,6 +55,8 @@ MONITOR_STOP_WAIT = 0.02
 """Seconds shutdown waits for the XID watcher thread before leaving NVML open."""
 USAGE_STOP_WAIT = 2.0
 """Seconds shutdown waits for a usage sampling pass in progress."""
+STARTING_POLL = 0.2
+"""Seconds between a waiting call's looks at whether the kubelet still waits for it."""
 DEVICE_WORK_STOP_WAIT = 5.0
 """At stop, how long kubelet calls still working (a MIG create, an MPS start) may finish;
 then the checkpoint's journal is folded into the snapshot an older build reads too."""
@@ -176,10 +178,12 @@ class _Runtime:
                 MONITOR_STOP_WAIT, self.monitor.stop) is not None
         if self.api is not None:
             await self.api.close()
-        if self.nvml is not None and watcher_stopped:
+        calls_ended = self.server is None or self.server.calls_finished
+        if self.nvml is not None and watcher_stopped and calls_ended:
             self.nvml.shutdown()
-        # else: the watcher may be inside nvmlEventSetWait, where nvmlShutdown is not safe;
-        # the process is ending, and the kernel releases what NVML holds.
+        # else: the watcher may be inside nvmlEventSetWait, or a call thread inside a MIG
+        # create, where nvmlShutdown is not safe; the process is ending, and the kernel
+        # releases what NVML holds.
 
 
 async def _start(config: NodeConfig, runtime: _Runtime) -> None:
@@ -202,12 +206,13 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
     runtime.server = server = PluginServer(config.driver_name, config.registrar_dir,
                                            config.plugins_dir, config.pod_uid, starting,
                                            health_servicer=health)
-    await server.start()
-    # Its clock starts now, with the registration socket; /readyz shows it once running.
-    gate = PublishGate(server.registration, config.registration_timeout,
-                       server.registration_socket_path)
-    # Phase 2: claim calls wait in `starting` until it is done, and fail if it fails.
+    # From here claim calls may wait in `starting`: whatever fails settles it.
     try:
+        await server.start()
+        # Its clock starts now, with the registration socket; /readyz shows it once running.
+        gate = PublishGate(server.registration, config.registration_timeout,
+                           server.registration_socket_path)
+        # Phase 2: claim calls wait in `starting` until it is done, and fail if it fails.
         await _start_node(config, runtime, connection, starting=starting, health=health,
                           gate=gate)
     except BaseException as exc:
@@ -396,22 +401,31 @@ class _StartingPreparer:
                 self._failure = reason
                 self._settled.set()
 
-    def _target(self) -> ClaimPreparer | None:
-        self._settled.wait()
-        return self._inner
+    def _target(self, wanted: Callable[[], bool]) -> ClaimPreparer | str:
+        """The preparer once start-up is done, or why the call gets none: start-up failed,
+        or the kubelet stopped waiting first (its retry comes in a new call; this one must
+        not act late, after an unprepare the kubelet sent meanwhile)."""
+        while not self._settled.wait(STARTING_POLL) or not wanted():
+            if not wanted():
+                return ("the kubelet stopped waiting before the node daemon finished "
+                        "starting; nothing was done")
+        if self._inner is not None:
+            return self._inner
+        return self._failure or "the node daemon failed to start"
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
-        inner = self._target()
-        if inner is None:
-            return {ref.uid: PrepareOutcome(error=f"claim {ref}: {self._failure}")
-                    for ref in claims}
-        return inner.prepare(claims)
+    def prepare(self, claims: Sequence[ClaimRef], *,
+                wanted: Callable[[], bool] = always) -> Mapping[str, PrepareOutcome]:
+        inner = self._target(wanted)
+        if isinstance(inner, str):
+            return {ref.uid: PrepareOutcome(error=f"claim {ref}: {inner}") for ref in claims}
+        return inner.prepare(claims, wanted=wanted)
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        inner = self._target()
-        if inner is None:
-            return {ref.uid: f"claim {ref}: {self._failure}" for ref in claims}
-        return inner.unprepare(claims)
+    def unprepare(self, claims: Sequence[ClaimRef], *,
+                  wanted: Callable[[], bool] = always) -> Mapping[str, str | None]:
+        inner = self._target(wanted)
+        if isinstance(inner, str):
+            return {ref.uid: f"claim {ref}: {inner}" for ref in claims}
+        return inner.unprepare(claims, wanted=wanted)
 
 
 T = TypeVar("T")

@@ -145,11 +145,11 @@ class _Call:
         self,
         batch: _Batch,
         context: Any,
-        handler: Callable[[Sequence[ClaimRef]], Mapping[str, _Result]],
+        handler: Callable[..., Mapping[str, _Result]],
     ) -> Mapping[str, _Result]:
         refs = list(batch.for_driver)
         try:
-            answered = handler(refs) if refs else {}
+            answered = handler(refs, wanted=context.is_active) if refs else {}
         except Exception as exc:
             log.exception("driver failed", method=self._method, request_id=self._request_id,
                           claims=[str(ref) for ref in refs], duration_s=self._elapsed())

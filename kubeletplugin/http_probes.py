@@ -2,8 +2,10 @@
 
 Served from a thread, not the event loop, so ``/healthz`` can tell when the loop is stuck:
 it calls the daemon's own registration ``GetInfo`` over its unix socket, which only answers
-when the gRPC server (on the loop) does. A failing probe answers 503 with one line per
-problem, so ``kubectl describe`` and ``curl`` say what is wrong.
+when the gRPC server (on the loop) does. Kubelet calls stuck in their own threads (a GPU
+that hangs in NVML) do not fail it: restarting the daemon would not free that GPU. A
+failing probe answers 503 with one line per problem, so ``kubectl describe`` and ``curl``
+say what is wrong.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and tested without gRPC.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,17 +23,26 @@ class PrepareOutcome:
     error: str | None = None
 
 
+def always() -> bool:
+    return True
+
+
 class ClaimPreparer(Protocol):
     """Prepares and unprepares claims; must be idempotent (the kubelet retries).
 
     Called in the gRPC server's call threads (:mod:`.call_threads`), several at once: it
-    blocks until the answer is known and must be thread-safe.
+    blocks until the answer is known and must be thread-safe. ``wanted`` says whether the
+    kubelet still waits for the answer (its call deadline has not passed, the server is not
+    stopping): a prepare it gave up on must not start device work, since the kubelet may
+    already have unprepared the claim and would never undo it.
     """
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+    def prepare(self, claims: Sequence[ClaimRef], *,
+                wanted: Callable[[], bool] = always) -> Mapping[str, PrepareOutcome]:
         """Prepare every claim; the result is keyed by claim uid."""
         ...
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+    def unprepare(self, claims: Sequence[ClaimRef], *,
+                  wanted: Callable[[], bool] = always) -> Mapping[str, str | None]:
         """Unprepare every claim; the result maps claim uid to an error or None."""
         ...

@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
@@ -25,7 +25,7 @@ from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
 from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.interfaces import PrepareOutcome
+from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
 
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
@@ -58,7 +58,8 @@ class Preparer:
         self._observer = observer
         self._fetch_wait = fetcher.timeout + FETCH_MARGIN
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+    def prepare(self, claims: Sequence[ClaimRef], *,
+                wanted: Callable[[], bool] = always) -> Mapping[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
         told: list[tuple[ClaimRef, Sequence[PreparedDevice], ClaimToPrepare | None]] = []
         # Already prepared (a kubelet retry or restart): answer from the checkpoint, no GET.
@@ -78,6 +79,14 @@ class Preparer:
                                                   uid=ref.uid, driver=self._driver)))
             except ClaimError as exc:
                 outcomes[ref.uid] = self._failed(ref, exc)
+        if decoded and not wanted():
+            # The kubelet gave up (deadline) while the GETs ran: it may have unprepared the
+            # claim since, and would never undo what we prepared now.
+            for ref, _ in decoded:
+                outcomes[ref.uid] = self._failed(ref, ClaimError(
+                    f"claim {ref}: the kubelet stopped waiting before the device work "
+                    "began; nothing was prepared"))
+            decoded = []
         if decoded:
             started = time.perf_counter()
             results = self._state.prepare_many([c for _, c in decoded])
@@ -100,10 +109,12 @@ class Preparer:
         from gpudra.kubeletplugin.claim_fetcher import ClaimFetchError
 
         keys = [(r.namespace, r.name, r.uid) for r in refs]
+        fetching = self._fetcher.fetch_all(keys)
         try:
-            future = asyncio.run_coroutine_threadsafe(self._fetcher.fetch_all(keys), self._loop)
-        except RuntimeError as exc:  # the loop is closed: the daemon is exiting
-            return [ClaimFetchError(f"claim {ref}: the node daemon is stopping ({exc})")
+            future = asyncio.run_coroutine_threadsafe(fetching, self._loop)
+        except RuntimeError:  # the loop is closed: the daemon is exiting
+            fetching.close()
+            return [ClaimFetchError(f"claim {ref}: the node daemon is stopping")
                     for ref in refs]
         try:
             return future.result(self._fetch_wait)
@@ -111,6 +122,9 @@ class Preparer:
             future.cancel()
             return [ClaimFetchError(f"claim {ref}: no answer from the API server within "
                                     f"{self._fetch_wait:g} s") for ref in refs]
+        except concurrent.futures.CancelledError:  # the loop cancelled it: it is stopping
+            return [ClaimFetchError(f"claim {ref}: the node daemon is stopping")
+                    for ref in refs]
 
     def _on_loop(self, tell: Any, items: Any) -> None:
         """Hand the observers one call's claims on the event loop (one wake-up per call)."""
@@ -135,7 +149,9 @@ class Preparer:
         metrics.PREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
         return PrepareOutcome(error=str(exc))
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+    def unprepare(self, claims: Sequence[ClaimRef], *,
+                  wanted: Callable[[], bool] = always) -> Mapping[str, str | None]:
+        # Done even when the kubelet gave up: unpreparing is what it asked for in the end.
         if not claims:
             return {}
         started = time.perf_counter()

@@ -34,12 +34,16 @@ from .registration import RegistrationServicer, RegistrationState, supported_ver
 log = structlog.get_logger(__name__)
 
 DEFAULT_STOP_GRACE = 5.0
+STOP_EVENT_MARGIN = 1.0
+"""Seconds past the grace a stop waits for gRPC to say every call ended."""
 DEFAULT_WORK_WAIT = 5.0
 """At stop, after the grace period: how long call threads still working (a MIG create, an
 MPS start) may finish before the daemon goes on without them."""
 CALL_THREADS = min(32, (os.cpu_count() or 1) + 4)
 """Claim calls on different GPUs proceed in parallel up to this many (the default
-executor's limit); more wait for a thread. Health streams get threads of their own."""
+executor's limit); more wait for a thread. The pool has the health servicer's
+``max_streams`` threads more, so open streams never leave claim calls without one (claim
+calls stuck on busy GPUs can still keep a new stream waiting for a thread)."""
 
 
 class Servicer(Protocol):
@@ -146,6 +150,7 @@ class PluginServer:
             CALL_THREADS + (self._health.max_streams if self._health is not None else 0))
         self._dra_server = _serve_calls(self._dra_socket, dra_servicers, threads)
         self._call_threads = threads
+        self._calls_finished = False  # until a stop has seen them end
         registration = RegistrationServicer(
             self._driver_name, str(self._dra_socket), self._versions, self._registration)
         try:
@@ -175,12 +180,14 @@ class PluginServer:
     async def _stop(self, grace: float | None, work_wait: float) -> None:
         registration_server, self._registration_server = self._registration_server, None
         dra_server, self._dra_server = self._dra_server, None
-        if registration_server is not None:
-            await _shutdown(registration_server, self._registration_socket, grace=None)
-        self._registration.record(registered=False, error=None)
-        if dra_server is not None:
-            await self._stop_calls(dra_server, grace=grace, work_wait=work_wait)
-            log.info("stopped serving the kubelet", driver=self._driver_name)
+        try:
+            if registration_server is not None:
+                await _shutdown(registration_server, self._registration_socket, grace=None)
+            self._registration.record(registered=False, error=None)
+        finally:
+            if dra_server is not None:
+                await self._stop_calls(dra_server, grace=grace, work_wait=work_wait)
+                log.info("stopped serving the kubelet", driver=self._driver_name)
 
     async def _stop_calls(self, server: Any, *, grace: float | None, work_wait: float) -> None:
         """Stop the DRA server, remove its socket, then wait for the call threads."""
@@ -188,7 +195,9 @@ class PluginServer:
         started = time.monotonic()
         try:
             stopped = server.stop(grace)  # a threading.Event, set once every RPC ended
-            await asyncio.get_running_loop().run_in_executor(None, stopped.wait)
+            # Bounded: gRPC sets it from its serving thread, which could be gone.
+            await asyncio.get_running_loop().run_in_executor(
+                None, stopped.wait, (grace or 0.0) + STOP_EVENT_MARGIN)
         finally:
             _remove(self._dra_socket)
         if threads is not None:

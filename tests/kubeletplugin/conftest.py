@@ -5,14 +5,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
-from gpudra.kubeletplugin.interfaces import PrepareOutcome
+from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 
@@ -68,7 +68,8 @@ class TestPreparer:
         self.omit: set[str] = set()  # uids left out of the answer
         self.extra: dict[str, PrepareOutcome] = {}  # answers for uids nobody asked about
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareOutcome]:
+    def prepare(self, claims: Sequence[ClaimRef], *,
+                wanted: Callable[[], bool] = always) -> Mapping[str, PrepareOutcome]:
         self.prepared.append(list(claims))
         self._maybe_wait_or_fail()
         answer = {
@@ -77,7 +78,8 @@ class TestPreparer:
         }
         return {**answer, **self.extra}
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+    def unprepare(self, claims: Sequence[ClaimRef], *,
+                  wanted: Callable[[], bool] = always) -> Mapping[str, str | None]:
         self.unprepared.append(list(claims))
         self._maybe_wait_or_fail()
         return {c.uid: self.unprepare_errors.get(c.uid) for c in claims if c.uid not in self.omit}

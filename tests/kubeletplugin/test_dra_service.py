@@ -11,10 +11,12 @@ import structlog
 
 from gpudra.api.claims import ClaimRef
 from gpudra.api.proto import DRA_V1BETA1_ADVERTISED, dra_v1_pb2, dra_v1_pb2_grpc
+from gpudra.kubeletplugin.daemon import STARTING_POLL, _StartingPreparer
 from gpudra.kubeletplugin.dra_service import base_request_names
 from gpudra.kubeletplugin.interfaces import PrepareOutcome
+from gpudra.kubeletplugin.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.kubeletplugin.conftest import TestPreparer, claim, gpu
+from tests.kubeletplugin.conftest import DRIVER, TestPreparer, claim, gpu
 
 
 @pytest.fixture
@@ -182,3 +184,27 @@ async def test_a_call_the_kubelet_gives_up_on_finishes_and_says_so(
         assert late["claims"] == ["ns/claim-1:uid-1"] and late["log_level"] == "warning"
         assert preparer.prepared == [[claim(1)]]
         assert (await impatient.prepare([claim(2)]))["uid-2"]["error"] == ""
+
+
+async def test_a_prepare_the_kubelet_gave_up_on_during_start_up_never_runs(dirs):
+    # The kubelet's prepare hits its deadline while the daemon still starts, the pod goes
+    # and the kubelet unprepares the claim: the stale prepare must not run after that, or
+    # the claim stays prepared with nobody to undo it.
+    starting = _StartingPreparer()
+    inner = TestPreparer()
+    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, starting)
+    await server.start()
+    try:
+        async with await KubeletEmulator.discover(dirs.registrar, call_timeout=0.6) as kubelet:
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await kubelet.prepare([claim(1)])
+            assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            unprepare = asyncio.create_task(kubelet.unprepare([claim(1)]))
+            await asyncio.sleep(0.2)  # the server, too, has seen the first call's deadline pass
+            starting.ready(inner)
+            assert (await unprepare) == {"uid-1": {"error": ""}}
+            await asyncio.sleep(STARTING_POLL * 2)
+        assert inner.unprepared == [[claim(1)]]
+        assert inner.prepared == []
+    finally:
+        await server.stop(grace=0)
