@@ -405,10 +405,13 @@ class _StartingPreparer:
         """The preparer once start-up is done, or why the call gets none: start-up failed,
         or the kubelet stopped waiting first (its retry comes in a new call; this one must
         not act late, after an unprepare the kubelet sent meanwhile)."""
-        while not self._settled.wait(STARTING_POLL) or not wanted():
-            if not wanted():
+        while True:
+            settled = self._settled.wait(STARTING_POLL)
+            if not wanted():  # also once settled: a late start must not act for it either
                 return ("the kubelet stopped waiting before the node daemon finished "
                         "starting; nothing was done")
+            if settled:
+                break
         if self._inner is not None:
             return self._inner
         return self._failure or "the node daemon failed to start"

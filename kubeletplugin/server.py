@@ -226,13 +226,11 @@ async def _serve(socket: Path, servicers: Sequence[Servicer]) -> Any:
     _remove_stale(socket)
     # Created here, inside a coroutine, so the server belongs to the running loop.
     server = grpc.aio.server()
-    for servicer in servicers:
-        servicer.add_to_server(server)
     try:
-        server.add_insecure_port(f"unix:{socket}")
-    except RuntimeError as exc:
+        _listen(server, socket, servicers)
+    except ServerStartError:
         await server.stop(None)
-        raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
+        raise
     await server.start()
     return server
 
@@ -241,16 +239,24 @@ def _serve_calls(socket: Path, servicers: Sequence[Servicer], threads: CallThrea
     """A started synchronous gRPC server on ``socket`` whose calls run in ``threads``."""
     _remove_stale(socket)
     server = grpc.server(threads)  # any Executor serves: gRPC only calls submit()
+    try:
+        _listen(server, socket, servicers)
+    except ServerStartError:
+        server.stop(None)
+        threads.close(0.0)
+        raise
+    server.start()
+    return server
+
+
+def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
+    """Register ``servicers`` on ``server`` (either kind) and bind it to ``socket``."""
     for servicer in servicers:
         servicer.add_to_server(server)
     try:
         server.add_insecure_port(f"unix:{socket}")
     except RuntimeError as exc:
-        server.stop(None)
-        threads.close(0.0)
         raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
-    server.start()
-    return server
 
 
 async def _shutdown(server: Any, socket: Path, *, grace: float | None) -> None:

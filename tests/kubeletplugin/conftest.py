@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
+from gpudra.api.proto import health_v1_pb2, health_v1_pb2_grpc
+from gpudra.kubeletplugin.health_service import HealthService
 from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
@@ -111,3 +117,33 @@ async def server(dirs: Dirs, preparer: TestPreparer) -> AsyncIterator[PluginServ
 async def kubelet(server: PluginServer, dirs: Dirs) -> AsyncIterator[KubeletEmulator]:
     async with await KubeletEmulator.discover(dirs.registrar) as emulator:
         yield emulator
+
+
+@contextlib.asynccontextmanager
+async def health_server(dirs: Dirs, preparer: TestPreparer, service: HealthService,
+                        ) -> AsyncIterator[tuple[PluginServer, Any]]:
+    """A started server with ``service`` on its DRA socket, and a channel to that socket;
+    stopped (grace 0) on the way out, if the test did not stop it first."""
+    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
+                          health_servicer=service)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
+            yield server, channel
+    finally:
+        await server.stop(grace=0)
+
+
+def watch(channel: Any) -> Any:
+    """A v1 ``NodeWatchResources`` call on ``channel``, as the kubelet opens it."""
+    return health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+        health_v1_pb2.NodeWatchResourcesRequest())
+
+
+async def eventually(condition: Callable[[], bool], within: float = 2.0) -> bool:
+    """Whether ``condition`` holds within ``within`` seconds (looked at every 10 ms)."""
+    for _ in range(int(within / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()

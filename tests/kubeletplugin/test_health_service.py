@@ -31,7 +31,7 @@ from gpudra.driver.nvml import Nvml
 from gpudra.kubeletplugin.health_service import HealthService, truncate
 from gpudra.kubeletplugin.server import PluginServer
 
-from .conftest import DRIVER, Dirs, TestPreparer
+from .conftest import DRIVER, Dirs, TestPreparer, eventually, health_server, watch
 
 POOL = "node-a"
 VERSIONS = {
@@ -202,13 +202,13 @@ async def test_a_stream_whose_kubelet_leaves_gives_its_thread_back_at_once(
     assert setup.service.open_streams == 1
     # The thread is inside the stream's generator only while it waits for the next change
     # (not while gRPC sends what it yielded): look until it is back there.
-    assert await _eventually(lambda: _threads_in_streams() == 1)
+    assert await eventually(lambda: _threads_in_streams() == 1)
     if leave == "cancel":
         call.cancel()
     else:  # the kubelet process went away with its connection
         await channel.close()
     await _all_closed(setup.service)
-    assert await _eventually(lambda: _threads_in_streams() == 0)
+    assert await eventually(lambda: _threads_in_streams() == 0)
     await channel.close()
 
 
@@ -217,37 +217,22 @@ async def test_the_stream_repeats_itself_periodically(dirs: Dirs, preparer: Test
     times = iter(range(1_700_000_000, 1_800_000_000))
     service = HealthService(POOL, lambda: [DeviceHealth("gpu-0", "Healthy", "", next(times))],
                             resend_interval=0.05, health_check_timeout=0)
-    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
-                          health_servicer=service)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
-            call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                health_v1_pb2.NodeWatchResourcesRequest())
-            sent = [await asyncio.wait_for(call.read(), timeout=3)]  # at once
-            started = time.monotonic()
-            for _ in range(3):  # and then without being asked
-                sent.append(await asyncio.wait_for(call.read(), timeout=3))
-            assert time.monotonic() - started >= 3 * 0.05  # not more often than asked
-            stamps = [m.devices[0].last_updated_time for m in sent]
-            assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
-            call.cancel()
-            await _all_closed(service)
-    finally:
-        await server.stop(grace=0)
+    async with health_server(dirs, preparer, service) as (_, channel):
+        call = watch(channel)
+        sent = [await asyncio.wait_for(call.read(), timeout=3)]  # at once
+        started = time.monotonic()
+        for _ in range(3):  # and then without being asked
+            sent.append(await asyncio.wait_for(call.read(), timeout=3))
+        assert time.monotonic() - started >= 3 * 0.05  # not more often than asked
+        stamps = [m.devices[0].last_updated_time for m in sent]
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+        call.cancel()
+        await _all_closed(service)
 
 
 async def _all_closed(service: HealthService) -> None:
     """Wait (briefly) until the server has ended every stream."""
-    assert await _eventually(lambda: service.open_streams == 0)
-
-
-async def _eventually(condition: Callable[[], bool], within: float = 2.0) -> bool:
-    for _ in range(int(within / 0.01)):
-        if condition():
-            return True
-        await asyncio.sleep(0.01)
-    return condition()
+    assert await eventually(lambda: service.open_streams == 0)
 
 
 def _threads_in_streams() -> int:

@@ -9,65 +9,50 @@ import time
 
 import grpc
 
-from gpudra.api.proto import health_v1_pb2, health_v1_pb2_grpc
+from gpudra.api.proto import health_v1_pb2
 from gpudra.driver.health import DeviceHealth
 from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.server import PluginServer
 
-from .conftest import DRIVER, Dirs, TestPreparer
+from .conftest import Dirs, TestPreparer, eventually, health_server, watch
 
 POOL = "node-a"
 
 
 async def opened(service: HealthService, streams: int) -> None:
     """Wait until ``streams`` streams are open on the server's side."""
-    started = time.monotonic()
-    while service.open_streams < streams:
-        assert time.monotonic() - started < 3
-        await asyncio.sleep(0.01)
+    assert await eventually(lambda: service.open_streams >= streams, 3)
 
 
 async def test_a_stream_opened_before_the_devices_are_known_waits_for_them(
         dirs: Dirs, preparer: TestPreparer) -> None:
     service = HealthService(POOL)
-    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
-                          health_servicer=service)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
-            call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                health_v1_pb2.NodeWatchResourcesRequest())
-            first = asyncio.ensure_future(call.read())
-            await opened(service, 1)
-            await asyncio.sleep(0.2)
-            assert not first.done()  # the stream is open, and says nothing yet
+    async with health_server(dirs, preparer, service) as (_, channel):
+        call = watch(channel)
+        first = asyncio.ensure_future(call.read())
+        await opened(service, 1)
+        await asyncio.sleep(0.2)
+        assert not first.done()  # the stream is open, and says nothing yet
 
-            now = int(time.time())
-            service.set_source(lambda: [DeviceHealth("gpu-0", "Healthy", "", now),
-                                        DeviceHealth("gpu-1", "Unhealthy", "XID 79", now)])
-            response = await asyncio.wait_for(first, timeout=3)
-            assert [(h.device.device_name, h.health) for h in response.devices] == [
-                ("gpu-0", health_v1_pb2.HEALTHY), ("gpu-1", health_v1_pb2.UNHEALTHY)]
-            service.notify()  # and from then on as before
-            again = await asyncio.wait_for(call.read(), timeout=3)
-            assert len(again.devices) == 2
-            call.cancel()
-    finally:
-        await server.stop(grace=0)
+        now = int(time.time())
+        service.set_source(lambda: [DeviceHealth("gpu-0", "Healthy", "", now),
+                                    DeviceHealth("gpu-1", "Unhealthy", "XID 79", now)])
+        response = await asyncio.wait_for(first, timeout=3)
+        assert [(h.device.device_name, h.health) for h in response.devices] == [
+            ("gpu-0", health_v1_pb2.HEALTHY), ("gpu-1", health_v1_pb2.UNHEALTHY)]
+        service.notify()  # and from then on as before
+        again = await asyncio.wait_for(call.read(), timeout=3)
+        assert len(again.devices) == 2
+        call.cancel()
 
 
 async def test_close_ends_open_streams_so_a_graceful_stop_does_not_wait_for_them(
         dirs: Dirs, preparer: TestPreparer) -> None:
     service = HealthService(POOL)  # one stream waits for a source, one is sending
-    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
-                          health_servicer=service)
-    await server.start()
-    async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
-        stub = health_v1_pb2_grpc.DRAResourceHealthStub(channel)
-        waiting = stub.NodeWatchResources(health_v1_pb2.NodeWatchResourcesRequest())
+    async with health_server(dirs, preparer, service) as (server, channel):
+        waiting = watch(channel)
         await opened(service, 1)
         service.set_source(lambda: [DeviceHealth("gpu-0", "Healthy", "", int(time.time()))])
-        sending = stub.NodeWatchResources(health_v1_pb2.NodeWatchResourcesRequest())
+        sending = watch(channel)
         await asyncio.wait_for(sending.read(), timeout=3)
         await asyncio.wait_for(waiting.read(), timeout=3)
 
@@ -85,18 +70,9 @@ async def test_a_stream_waiting_for_the_devices_ends_when_its_kubelet_leaves(
         dirs: Dirs, preparer: TestPreparer) -> None:
     """No source ever comes here, so only the call's end can free the stream's thread."""
     service = HealthService(POOL)
-    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer,
-                          health_servicer=service)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
-            call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                health_v1_pb2.NodeWatchResourcesRequest())
-            await opened(service, 1)
-            call.cancel()
-            started = time.monotonic()
-            while service.open_streams:
-                assert time.monotonic() - started < 2  # not the 30 s resend, nor for ever
-                await asyncio.sleep(0.01)
-    finally:
-        await server.stop(grace=0)
+    async with health_server(dirs, preparer, service) as (_, channel):
+        call = watch(channel)
+        await opened(service, 1)
+        call.cancel()
+        # Within 2 s: not the 30 s resend, nor for ever.
+        assert await eventually(lambda: service.open_streams == 0, 2)
