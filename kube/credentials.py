@@ -36,6 +36,10 @@ class ExecCredential:
     """``time.time()`` after which it must be fetched again; None: never."""
 
 
+class CredentialPending(Exception):
+    """The exec plugin's credential has to be fetched (again) before the next request."""
+
+
 class Credentials:
     """The current ``Authorization`` header of one connection."""
 
@@ -47,11 +51,25 @@ class Credentials:
         self._exec_lock = asyncio.Lock()
 
     async def header(self) -> str | None:
-        c = self._connection
-        if c.exec_plugin is not None:
+        if self._connection.exec_plugin is not None:
             credential = await self.exec_credential()
             if credential.token:
                 return f"Bearer {credential.token}"
+        return self._without_exec()
+
+    def header_now(self) -> str | None:
+        """:meth:`header` from any thread, without the event loop; CredentialPending when
+        an exec plugin must run first (that takes the loop)."""
+        if self._connection.exec_plugin is not None:
+            credential = self._exec
+            if credential is None or _expiring(credential):
+                raise CredentialPending
+            if credential.token:
+                return f"Bearer {credential.token}"
+        return self._without_exec()
+
+    def _without_exec(self) -> str | None:
+        c = self._connection
         if c.token:
             return f"Bearer {c.token}"
         if c.token_file is not None:
@@ -71,8 +89,7 @@ class Credentials:
         assert plugin is not None
         async with self._exec_lock:
             current = self._exec
-            if current is None or (current.expires is not None
-                                   and current.expires <= time.time() + 10):
+            if current is None or _expiring(current):
                 current = self._exec = await run_exec_plugin(plugin)
             return current
 
@@ -89,6 +106,11 @@ class Credentials:
             if self._file_token is None:
                 raise
         return self._file_token
+
+
+def _expiring(credential: ExecCredential) -> bool:
+    """Expired, or about to: fetch a new one before the next request."""
+    return credential.expires is not None and credential.expires <= time.time() + 10
 
 
 async def run_exec_plugin(plugin: ExecPlugin) -> ExecCredential:

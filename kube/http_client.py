@@ -15,43 +15,45 @@ Retries: a request sent on a pooled connection that the server closed while it s
 on a new connection if its method is idempotent (RFC 9110 9.2.2: GET, HEAD, PUT, DELETE,
 OPTIONS), as Go's transport and aiohttp do. A new connection that fails is not retried:
 the server did see the request, or could not be reached; the caller's back-off decides.
+
+The HTTP itself (request head, status line, header fields, body framing) is
+:mod:`gpudra.kube.http_framing`, shared with the blocking client of threads that must not
+wait for the event loop (:mod:`gpudra.kube.blocking_http`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
-from urllib.parse import urlencode, urlsplit
+
+from gpudra.kube.http_framing import (
+    IDEMPOTENT,
+    MAX_HEADERS,
+    READ_SIZE,
+    BadResponse,
+    Framing,
+    HttpError,
+    Server,
+    ServerDisconnected,
+    add_header,
+    chunk_size,
+    status_line,
+)
 
 if TYPE_CHECKING:
     import ssl
 
 T = TypeVar("T")
 
-IDEMPOTENT: Final = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+__all__ = ["BadResponse", "HttpClient", "HttpError", "Response", "ServerDisconnected"]
+
 IDLE_TIMEOUT: Final = 15.0
 """Seconds an unused connection stays open (aiohttp's default; the API server's is longer,
 so we close first and rarely meet a connection it closed)."""
 MAX_IDLE: Final = 64
 """Unused connections kept; a prepare of 64 claims opens as many at once."""
-MAX_HEADERS: Final = 128
-READ_SIZE: Final = 65536
-
-
-class HttpError(Exception):
-    """No usable answer: the connection closed early, the answer is not HTTP/1.1, or the
-    server's URL is not one to send requests to."""
-
-
-class ServerDisconnected(HttpError):
-    """The server closed the connection before the answer was complete."""
-
-
-class BadResponse(HttpError):
-    """The answer breaks HTTP/1.1 framing (status line, headers, chunk sizes)."""
 
 
 class _Conn:
@@ -87,21 +89,13 @@ class HttpClient:
 
     def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None,
                  server_hostname: str | None = None) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise HttpError(f"server {base_url!r} is not an http or https URL")
-        if parts.scheme == "https" and ssl_context is None:
+        self._server = Server(base_url)
+        if self._server.tls and ssl_context is None:
             import ssl
 
             ssl_context = ssl.create_default_context()
-        self._ssl = ssl_context if parts.scheme == "https" else None
-        self._address = (parts.hostname, parts.port or (443 if self._ssl else 80))
+        self._ssl = ssl_context if self._server.tls else None
         self._server_hostname = server_hostname if self._ssl else None
-        self._host_header = parts.netloc.rpartition("@")[2]
-        self._prefix = parts.path.rstrip("/")
-        # What every request's head says after its request line.
-        self._common = (f"\r\nHost: {self._host_header}\r\nUser-Agent: gpudra"
-                        "\r\nAccept-Encoding: gzip")
         self._idle: list[_Conn] = []
         self._busy: set[_Conn] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -117,7 +111,7 @@ class HttpClient:
         releases the response."""
         if self._closed:
             raise HttpError("the client is closed")
-        head = self._head(method, path, query, headers, body)
+        head = self._server.head(method, path, query, headers, body)
         pooled = True
         while True:
             conn, reused = await self._acquire(connect_timeout, pooled=pooled)
@@ -151,20 +145,6 @@ class HttpClient:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
 
-    def _head(self, method: str, path: str, query: Sequence[tuple[str, str]],
-              headers: Mapping[str, str] | None, body: bytes | None) -> bytes:
-        target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
-        lines = [f"{method} {target} HTTP/1.1{self._common}"]
-        for name, value in (headers or {}).items():
-            if "\n" in value or "\r" in value:  # a token read from a file, say
-                raise HttpError(f"the {name} header has a line break in it")
-            if not value.isascii():  # HTTP/1.1 field values are bytes; tokens are ASCII
-                raise HttpError(f"the {name} header has a character that is not ASCII")
-            lines.append(f"{name}: {value}")
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
     async def _acquire(self, connect_timeout: float | None, *,
                        pooled: bool) -> tuple[_Conn, bool]:
         """A pooled connection (True), if ``pooled`` allows, or a new one (False); busy."""
@@ -176,7 +156,7 @@ class HttpClient:
             self._discard(conn)
         async with asyncio.timeout(connect_timeout):
             reader, writer = await asyncio.open_connection(
-                *self._address, ssl=self._ssl, server_hostname=self._server_hostname)
+                *self._server.address, ssl=self._ssl, server_hostname=self._server_hostname)
         conn = _Conn(reader, writer)
         if self._closed:  # closed while connecting: nobody else will close it
             writer.transport.abort()
@@ -252,21 +232,13 @@ async def _read_head(conn: _Conn, client: HttpClient, method: str,
     if not first:
         raise _NoAnswer
     while True:
-        version, status, reason = _status_line(first)
+        version, status, reason = status_line(first)
         headers = await _headers(reader, read_timeout)
         if not 100 <= status < 200:
             break
         first = await _line(reader, read_timeout)  # an interim answer: the real one follows
     return Response(conn, client, status=status, reason=reason, headers=headers,
                     version=version, method=method, read_timeout=read_timeout)
-
-
-def _status_line(line: bytes) -> tuple[str, int, str]:
-    version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
-    code, _, reason = rest.partition(" ")
-    if not version.startswith("HTTP/1.") or not (code.isdigit() and len(code) == 3):
-        raise BadResponse(f"not an HTTP/1.1 status line: {line[:80]!r}")
-    return version, int(code), reason
 
 
 async def _line(reader: asyncio.StreamReader, read_timeout: float | None) -> bytes:
@@ -284,14 +256,8 @@ async def _headers(reader: asyncio.StreamReader, read_timeout: float | None) -> 
     """The header fields, names in lower case; repeated fields joined with commas."""
     headers: dict[str, str] = {}
     for _ in range(MAX_HEADERS):
-        line = await _line(reader, read_timeout)
-        if line in (b"\r\n", b"\n"):
+        if not add_header(headers, await _line(reader, read_timeout)):
             return headers
-        name, colon, value = line.decode("latin-1").partition(":")
-        if not colon or not name or name != name.strip():
-            raise BadResponse(f"not a header field: {line[:80]!r}")
-        name, value = name.lower(), value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
     raise BadResponse(f"more than {MAX_HEADERS} header fields")
 
 
@@ -309,25 +275,11 @@ class Response:
         self._conn: _Conn | None = conn
         self._client = client
         self._read_timeout = read_timeout
-        connection = headers.get("connection", "").lower()
-        self._keep_alive = ("close" not in connection if version == "HTTP/1.1"
-                            else "keep-alive" in connection)
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._remaining: int | None = None  # bytes left of a Content-Length body
-        if method == "HEAD" or status in (204, 304):
-            self._remaining = 0
-        elif not self._chunked:
-            length = headers.get("content-length")
-            if length is None:
-                self._keep_alive = False  # the body ends with the connection
-            elif length.isdigit():
-                self._remaining = int(length)
-            else:
-                raise BadResponse(f"Content-Length {length[:40]!r} is not a number")
-        encoding = headers.get("content-encoding", "identity").lower()
-        if encoding not in ("identity", "gzip"):
-            raise BadResponse(f"Content-Encoding {encoding!r} was not asked for")
-        self._gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+        framing = Framing(status=status, headers=headers, version=version, method=method)
+        self._keep_alive = framing.keep_alive
+        self._chunked = framing.chunked
+        self._remaining = framing.length  # bytes left of a Content-Length body
+        self._gunzip = framing.gunzip
         self._done = self._remaining == 0
         self._buffer = b""
 
@@ -399,12 +351,7 @@ class Response:
             raise HttpError("the response was released")
         reader, timeout = self._conn.reader, self._read_timeout
         if self._chunked:
-            size_line = await _line(reader, timeout)
-            size = size_line.split(b";", 1)[0].strip()
-            try:
-                n = int(size, 16)
-            except ValueError:
-                raise BadResponse(f"not a chunk size: {size_line[:40]!r}") from None
+            n = chunk_size(await _line(reader, timeout))
             if n == 0:
                 await _headers(reader, timeout)  # trailer fields, ignored
                 self._done = True

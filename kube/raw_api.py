@@ -102,6 +102,32 @@ def _succeeded(verb: str, resource: str) -> CounterChild:
     return API_CALLS.labels(verb, resource, "ok")
 
 
+def _refused(verb: str, resource: Resource, name: str | None, *, status: int, reason: str,
+             headers: Mapping[str, str], body: bytes) -> ApiCallError:
+    """The counted error for an answer whose status is not a success."""
+    status_reason, message, retry = _status_fields(body)
+    return _counted(api_error(verb, resource.plural, name, status=status,
+                              reason=status_reason or reason, message=message,
+                              retry_after=_retry_after(headers, retry)))
+
+
+def _decoded(verb: str, resource: Resource, name: str | None, status: int,
+             body: bytes) -> Obj:
+    """A successful answer's JSON object, counted; BadAnswer if it is not one."""
+    try:
+        obj = json.loads(body)
+    except ValueError as exc:
+        raise _counted(BadAnswer(verb, resource.plural, name, status=status,
+                                 reason="BadJSON",
+                                 message="the server answered with invalid JSON")) from exc
+    if not isinstance(obj, dict):
+        raise _counted(BadAnswer(verb, resource.plural, name, status=status,
+                                 reason="BadJSON",
+                                 message=f"expected an object, got {type(obj).__name__}"))
+    _succeeded(verb, resource.plural).inc()
+    return obj
+
+
 class _NoAnswer:
     """``with``: turn the transport's failures (no HTTP answer) into a counted
     ``Unreachable``. A class, not a generator: it wraps every call."""
@@ -157,11 +183,8 @@ class RawApi:
                 data = b""
             finally:
                 response.release()
-            reason, message, retry = _status_fields(data)
-            raise _counted(api_error(verb, resource.plural, name, status=response.status,
-                                     reason=reason or response.reason,
-                                     message=message,
-                                     retry_after=_retry_after(response.headers, retry)))
+            raise _refused(verb, resource, name, status=response.status,
+                           reason=response.reason, headers=response.headers, body=data)
         return response
 
     async def _call(self, verb: str, resource: Resource, name: str | None, method: str,
@@ -177,23 +200,29 @@ class RawApi:
                     data = await response.read()
                 finally:
                     response.release()
-        try:
-            obj = json.loads(data)
-        except ValueError as exc:
-            raise _counted(BadAnswer(verb, resource.plural, name, status=response.status,
-                                     reason="BadJSON",
-                                     message="the server answered with invalid JSON")) from exc
-        if not isinstance(obj, dict):
-            raise _counted(BadAnswer(verb, resource.plural, name, status=response.status,
-                                     reason="BadJSON",
-                                     message=f"expected an object, got {type(obj).__name__}"))
-        _succeeded(verb, resource.plural).inc()
-        return obj
+        return _decoded(verb, resource, name, response.status, data)
 
     async def get(self, resource: Resource, name: str, *,
                   namespace: str | None = None) -> Obj:
         return await self._call("get", resource, _target(name, namespace), "GET",
                                 resource.item(name, namespace))
+
+    def get_blocking(self, resource: Resource, name: str, *,
+                     namespace: str | None = None) -> Obj | None:
+        """:meth:`get` from a thread that is not the event loop's, blocking, with the same
+        errors and counts; None when only the loop can send it
+        (:meth:`ApiSession.request_blocking`)."""
+        target = _target(name, namespace)
+        with _NoAnswer("get", resource, target, self.timeout):
+            answer = self._session.request_blocking(
+                "GET", resource.item(name, namespace), headers=_ACCEPT_JSON,
+                timeout=self.timeout)
+        if answer is None:
+            return None
+        if answer.status >= 300:
+            raise _refused("get", resource, target, status=answer.status,
+                           reason=answer.reason, headers=answer.headers, body=answer.body)
+        return _decoded("get", resource, target, answer.status, answer.body)
 
     async def list(self, resource: Resource, *, namespace: str | None = None,
                    field_selector: str = "") -> Obj:

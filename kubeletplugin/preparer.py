@@ -3,8 +3,9 @@
 A call runs in one of the gRPC server's call threads (:mod:`.call_threads`) from start to
 answer: the checkpoint lookup, decoding and the device work (NVML, files, the durable
 commit) happen right there, under the driver's own serialisation; calls on different GPUs
-run in parallel. Only the claims' GETs go to the event loop, where the API client lives:
-one hop there and back per call, all of a call's GETs concurrently, before any lock. A
+run in parallel. A call with one claim (the kubelet's usual) sends its GET from this
+thread too, over the session's blocking client; a call with several sends them from the
+event loop, all at once (one hop there and back per call), before any lock. A
 claim the checkpoint already holds as prepared is answered from the checkpoint without
 asking the API server, so a kubelet restart during an API outage works. Logging is the gRPC
 layer's (:mod:`.dra_service`): a line per call and a warning per failed claim; here only
@@ -104,10 +105,17 @@ class Preparer:
         return outcomes
 
     def _fetch(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | ClaimError]:
-        """The claims' GETs, run on the event loop (all at once); each slot holds the claim
-        or the error for it."""
+        """The claims' GETs; each slot holds the claim or the error for it. One claim (the
+        kubelet's usual call) is fetched in this thread: a hop to the event loop and back
+        costs more than the GET's own client work. Several run on the loop, all at once."""
         from gpudra.kubeletplugin.claim_fetcher import ClaimFetchError
 
+        if len(refs) == 1:
+            ref = refs[0]
+            claim = self._fetcher.fetch_blocking(ref.namespace, ref.name, ref.uid)
+            if claim is not None:
+                return [claim]
+            # else only the loop can send it: an exec plugin's credential is due
         keys = [(r.namespace, r.name, r.uid) for r in refs]
         fetching = self._fetcher.fetch_all(keys)
         try:

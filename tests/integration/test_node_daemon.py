@@ -73,7 +73,11 @@ async def test_dynamic_mig_claim_with_subrequest(kubelet, daemon, fake_api):
     assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
 
 
-async def test_bad_input_gets_a_per_claim_error_and_changes_nothing(kubelet, daemon, fake_api):
+@pytest.mark.parametrize("calls", ["one call", "a call each"])
+async def test_bad_input_gets_a_per_claim_error_and_changes_nothing(kubelet, daemon, fake_api,
+                                                                    calls):
+    # One call fetches its claims on the daemon's event loop, all at once; a call with one
+    # claim fetches it in the call's own thread. The answers must not differ.
     good = create_claim(fake_api, "good", devices=["gpu-1"])
     missing = ClaimRef("default", "nope", "00000000-0000-4000-8000-0000000000aa")
     replaced = ClaimRef("default", "good", "00000000-0000-4000-8000-0000000000bb")
@@ -83,8 +87,11 @@ async def test_bad_input_gets_a_per_claim_error_and_changes_nothing(kubelet, dae
     bad_config = create_claim(fake_api, "badcfg", devices=["gpu-2"], configs=[
         {"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": GV, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}}}])
-    response = await kubelet.prepare(
-        [good, missing, replaced, unallocated, other_driver, unknown, bad_config])
+    refs = [good, missing, replaced, unallocated, other_driver, unknown, bad_config]
+    if calls == "one call":
+        response = await kubelet.prepare(refs)
+    else:
+        response = {ref.uid: (await kubelet.prepare([ref]))[ref.uid] for ref in refs}
     assert response[good.uid]["error"] == ""
     expect = {
         missing.uid: "claim default/nope:00000000-0000-4000-8000-0000000000aa: not found",

@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ UNAUTHORIZED = (b'{"kind": "Status", "apiVersion": "v1", "status": "Failure", '
 
 @contextlib.asynccontextmanager
 async def recording_server(tls: ssl.SSLContext | None = None, *, unauthorized: int = 0,
+                           refused: Container[int] = (),
                            ) -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
     """An HTTP(S) server answering every request with an empty NodeList (the first
-    ``unauthorized`` with 401); yields its URL and the headers of each request it got
-    (lower-case names)."""
+    ``unauthorized``, and the ``refused`` ones counting from 1, with 401); yields its URL
+    and the headers of each request it got (lower-case names)."""
     seen: list[dict[str, str]] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -46,7 +47,8 @@ async def recording_server(tls: ssl.SSLContext | None = None, *, unauthorized: i
             lines = head.decode().split("\r\n")[1:]
             seen.append({k.strip().lower(): v.strip()
                          for k, _, v in (line.partition(":") for line in lines if line)})
-            status, body = ((b"401 Unauthorized", UNAUTHORIZED) if len(seen) <= unauthorized
+            status, body = ((b"401 Unauthorized", UNAUTHORIZED)
+                            if len(seen) <= unauthorized or len(seen) in refused
                             else (b"200 OK", NODE_LIST))
             writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
                          b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
@@ -333,3 +335,95 @@ def test_the_node_daemon_never_imports_the_kubernetes_package_or_aiohttp():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout
     assert out.strip() == "[]"
+
+
+# --- blocking requests (a kubelet call's own thread) ----------------------------------------
+
+async def blocking_list(session: ApiSession) -> tuple[int, bytes] | None:
+    """LIST nodes through the blocking client, from another thread (the servers here run on
+    the test's loop): (status, body), or None when only the loop can send it."""
+    answer = await asyncio.to_thread(session.request_blocking, "GET", "/api/v1/nodes",
+                                     timeout=5)
+    return None if answer is None else (answer.status, answer.body)
+
+
+async def test_blocking_requests_carry_the_same_credentials(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    users = [{"token": "abc"}, {"tokenFile": "token"},
+             {"username": "admin", "password": "s3cret"}]
+    async with recording_server() as (url, seen):
+        for user in users:
+            connection = settings(write_kubeconfig(tmp_path / "cfg", url, user))
+            async with ApiSession(connection) as session:  # no loop request first
+                assert await blocking_list(session) == (200, NODE_LIST)
+                if connection.token_file is not None:  # rotated: read again, as on the loop
+                    token.write_text("rotated\n")
+                    stamp = token.stat().st_mtime_ns + 1_000_000_000
+                    os.utime(token, ns=(stamp, stamp))
+                    assert await blocking_list(session) == (200, NODE_LIST)
+    assert [h["authorization"] for h in seen] == [
+        "Bearer abc", "Bearer first", "Bearer rotated",
+        "Basic " + base64.b64encode(b"admin:s3cret").decode()]
+
+
+async def test_an_exec_credential_is_fetched_on_the_loop_and_then_used_by_blocking_requests(
+        tmp_path):
+    user = exec_plugin(tmp_path, {"token": "token-{run}"})
+    async with recording_server(refused={3}) as (url, seen):
+        session = ApiSession(settings(write_kubeconfig(tmp_path / "cfg", url, user)))
+        async with session:
+            api = RawApi(session, timeout=5)
+            assert await blocking_list(session) is None  # the plugin runs on the loop
+            await api.list(NODES)
+            assert await blocking_list(session) == (200, NODE_LIST)
+            assert await blocking_list(session) == (401, UNAUTHORIZED)
+            assert await blocking_list(session) is None  # rejected: fetched again first
+            await api.list(NODES)
+            assert await blocking_list(session) == (200, NODE_LIST)
+    assert [h["authorization"] for h in seen] == [
+        "Bearer token-1", "Bearer token-1", "Bearer token-1", "Bearer token-2",
+        "Bearer token-2"]
+
+
+async def test_an_expiring_exec_credential_keeps_blocking_requests_on_the_loop(tmp_path):
+    user = exec_plugin(tmp_path, {"token": "t", "expirationTimestamp": "2000-01-01T00:00:00Z"})
+    async with recording_server() as (url, seen):
+        session = ApiSession(settings(write_kubeconfig(tmp_path / "cfg", url, user)))
+        async with session:
+            await RawApi(session, timeout=5).list(NODES)
+            assert await blocking_list(session) is None
+    assert len(seen) == 1
+
+
+async def test_blocking_requests_use_the_sessions_tls_server_name_and_client_certificate(
+        tmp_path):
+    cert, key = make_certificate(tmp_path, "api.internal", "DNS:api.internal")
+    client_cert, client_key = make_certificate(tmp_path, "node-a", "DNS:node-a")
+    tls = server_tls(cert, key, client_ca=client_cert)
+    names: list[str | None] = []
+    tls.sni_callback = lambda sock, name, context: names.append(name)
+    cluster = {"certificate-authority-data": b64(cert), "tls-server-name": "api.internal"}
+    async with recording_server(tls) as (url, seen):
+        connection = settings(write_kubeconfig(
+            tmp_path / "cfg", url, {"client-certificate-data": b64(client_cert),
+                                    "client-key-data": b64(client_key)}, cluster))
+        async with ApiSession(connection) as session:
+            assert await blocking_list(session) == (200, NODE_LIST)
+        # An exec plugin's client certificate: the loop builds the context, then it is shared.
+        plugin = exec_plugin(tmp_path, {"clientCertificateData": client_cert.read_text(),
+                                        "clientKeyData": client_key.read_text()})
+        async with ApiSession(settings(write_kubeconfig(tmp_path / "cfg2", url, plugin,
+                                                        cluster))) as session:
+            assert await blocking_list(session) is None
+            await RawApi(session, timeout=5).list(NODES)
+            assert await blocking_list(session) == (200, NODE_LIST)
+        # Checked against the address dialled, the certificate does not match.
+        bad = settings(write_kubeconfig(tmp_path / "cfg3", url, {},
+                                        {"certificate-authority-data": b64(cert)}))
+        async with ApiSession(bad) as session:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await blocking_list(session)
+    assert len(seen) == 3
+    assert names == ["api.internal"] * 3 + [None]
+

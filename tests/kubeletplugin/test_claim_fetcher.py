@@ -2,12 +2,16 @@
 
 Every GET is counted in ``gpudra_api_calls``; every failure is one ``ClaimFetchError`` that
 names the claim as ``ns/name:uid`` and the API server, in words ``error_reason`` sorts; one
-deadline covers headers and body.
+deadline covers headers and body. All of it holds both on the event loop (``fetch``) and
+blocking in the caller's thread (``fetch_blocking``, a kubelet call's single claim).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -35,13 +39,37 @@ def fetcher(api_session: ApiSession) -> ClaimFetcher:  # noqa: F811
     return ClaimFetcher(api_session, timeout=2.0)
 
 
+ON_LOOP_OR_BLOCKED = pytest.mark.parametrize("how", ["loop", "blocked-loop"])
+"""For the test API server, which serves from its own threads."""
+ON_LOOP_OR_THREAD = pytest.mark.parametrize("how", ["loop", "thread"])
+"""For servers on the test's own event loop."""
+
+
+async def fetch(fetcher: ClaimFetcher, how: str, namespace: str, name: str,
+                uid: str = UID) -> Mapping[str, Any]:
+    """The claim, or its ClaimFetchError raised: fetched on the event loop ("loop"); in
+    another thread, as a kubelet call does ("thread"); or right here with this test's event
+    loop stalled until the GET returns ("blocked-loop"): the blocking path needs no loop."""
+    if how == "loop":
+        return await fetcher.fetch(namespace, name, uid)
+    if how == "thread":
+        result = await asyncio.to_thread(fetcher.fetch_blocking, namespace, name, uid)
+    else:
+        result = fetcher.fetch_blocking(namespace, name, uid)
+    assert result is not None, "no exec plugin: the GET never needs the loop"
+    if isinstance(result, ClaimError):
+        raise result
+    return result
+
+
+@ON_LOOP_OR_BLOCKED
 async def test_a_claim_arrives_as_raw_json_and_the_get_is_counted(
-        fetcher: ClaimFetcher, fake_api: FakeApiServer):  # noqa: F811
+        fetcher: ClaimFetcher, fake_api: FakeApiServer, how: str):  # noqa: F811
     stored = samples.claim("c1", "team-a")
     stored["spec"]["devices"]["futureField"] = {"kept": True}  # unknown to client models
     fake_api.put(stored)
     before = claim_gets("ok")
-    claim = await fetcher.fetch("team-a", "c1", UID)
+    claim = await fetch(fetcher, how, "team-a", "c1")
     assert claim["metadata"]["name"] == "c1"
     assert claim["spec"]["devices"]["futureField"] == {"kept": True}
     assert claim_gets("ok") == before + 1
@@ -49,10 +77,11 @@ async def test_a_claim_arrives_as_raw_json_and_the_get_is_counted(
         "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c1"]
 
 
-async def test_a_missing_claim_is_not_found_in_the_api_server(fetcher: ClaimFetcher):
+@ON_LOOP_OR_BLOCKED
+async def test_a_missing_claim_is_not_found_in_the_api_server(fetcher: ClaimFetcher, how: str):
     before = claim_gets("not_found")
     with pytest.raises(ClaimFetchError) as caught:
-        await fetcher.fetch("default", "nope", UID)
+        await fetch(fetcher, how, "default", "nope")
     message = str(caught.value)
     assert message == f"claim default/nope:{UID}: not found in the API server"
     assert error_reason(message) == "claim_not_found"
@@ -60,61 +89,66 @@ async def test_a_missing_claim_is_not_found_in_the_api_server(fetcher: ClaimFetc
     assert claim_gets("not_found") == before + 1
 
 
+@ON_LOOP_OR_BLOCKED
 @pytest.mark.parametrize(("status", "outcome"), [(503, "server_error"), (403, "error"),
                                                  (429, "throttled")])
 async def test_an_error_status_names_the_claim_status_and_api_server(
-        fetcher: ClaimFetcher, fake_api: FakeApiServer, status, outcome):  # noqa: F811
+        fetcher: ClaimFetcher, fake_api: FakeApiServer, status, outcome, how):  # noqa: F811
     fake_api.fail_next(1, status=status, verb="get", resource="resourceclaims",
                        message="go away")
     before = claim_gets(outcome)
     with pytest.raises(ClaimFetchError) as caught:
-        await fetcher.fetch("default", "c1", UID)
+        await fetch(fetcher, how, "default", "c1")
     message = str(caught.value)
     assert message == f"claim default/c1:{UID}: API error {status} from the API server: go away"
     assert error_reason(message) == "api_error"
     assert claim_gets(outcome) == before + 1
 
 
+@ON_LOOP_OR_BLOCKED
 async def test_no_answer_says_the_api_server_cannot_be_reached(
-        fetcher: ClaimFetcher, fake_api: FakeApiServer):  # noqa: F811
+        fetcher: ClaimFetcher, fake_api: FakeApiServer, how: str):  # noqa: F811
     # A fresh connection the server drops is not resent (only a stale pooled one is:
     # tests/kube/test_http_client.py), so one drop is the caller's to see.
     fake_api.drop_next(1, verb="get")
     before = claim_gets("unreachable")
     with pytest.raises(ClaimFetchError) as caught:
-        await fetcher.fetch("default", "c1", UID)
+        await fetch(fetcher, how, "default", "c1")
     assert str(caught.value).startswith(f"claim default/c1:{UID}: cannot reach the API server: ")
     assert error_reason(str(caught.value)) == "api_error"
     assert claim_gets("unreachable") == before + 1
 
 
+@ON_LOOP_OR_BLOCKED
 async def test_slow_headers_end_at_the_deadline(
-        api_session: ApiSession, fake_api: FakeApiServer):  # noqa: F811
+        api_session: ApiSession, fake_api: FakeApiServer, how: str):  # noqa: F811
     fake_api.put(samples.claim("c1"))
     fake_api.delay(2.0, verb="get", resource="resourceclaims")
     before = claim_gets("timeout")
     started = time.monotonic()
     with pytest.raises(ClaimFetchError) as caught:
-        await ClaimFetcher(api_session, timeout=0.3).fetch("default", "c1", UID)
+        await fetch(ClaimFetcher(api_session, timeout=0.3), how, "default", "c1")
     assert time.monotonic() - started < 1.5
     assert str(caught.value) == (
         f"claim default/c1:{UID}: cannot reach the API server: no answer within 0.3s")
     assert claim_gets("timeout") == before + 1
 
 
-async def test_a_stalled_body_ends_at_the_same_deadline():
+@ON_LOOP_OR_THREAD
+async def test_a_stalled_body_ends_at_the_same_deadline(how: str):
     async with client_of(http_answer(b'{"kind": "ResourceClaim"', length=9000)) as client:
         started = time.monotonic()
         with pytest.raises(ClaimFetchError) as caught:
-            await ClaimFetcher(client, timeout=0.3).fetch("default", "c1", UID)
+            await fetch(ClaimFetcher(client, timeout=0.3), how, "default", "c1")
         assert time.monotonic() - started < 1.5
     assert "no answer within 0.3s" in str(caught.value)
 
 
-async def test_a_body_that_is_not_a_claim_is_a_bad_answer():
+@ON_LOOP_OR_THREAD
+async def test_a_body_that_is_not_a_claim_is_a_bad_answer(how: str):
     async with client_of(http_answer(b"<html>a proxy's login page</html>")) as client:
         with pytest.raises(ClaimFetchError) as caught:
-            await ClaimFetcher(client).fetch("default", "c1", UID)
+            await fetch(ClaimFetcher(client), how, "default", "c1")
     assert str(caught.value) == (f"claim default/c1:{UID}: bad answer from the API server: "
                                  "the server answered with invalid JSON")
     assert error_reason(str(caught.value)) == "api_error"
