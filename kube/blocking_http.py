@@ -205,8 +205,11 @@ class BlockingHttpClient:
                 conn = self._idle.pop()
             if conn.idle_since > cutoff and conn.idle_and_open():
                 with self._lock:
-                    self._busy.add(conn)
-                return conn, True
+                    closed = self._closed  # while it was out of both sets: not woken
+                    if not closed:
+                        self._busy.add(conn)
+                if not closed:
+                    return conn, True
             conn.close()
         if self._closed:  # close() cut the request short: no resend on a new connection
             raise HttpError("the client is closed")

@@ -1,10 +1,11 @@
 """The threads gRPC's synchronous server runs the DRA socket's calls in.
 
 A kubelet call runs start to end in one of these threads: checkpoint lookup, device work
-(NVML, files, the durable commit) and the answer, with no hop to another thread; only
-the GETs of a call with several claims go through the event loop. Measured, a do-nothing unary call costs the sync
-server 0.335 ms of CPU and a 0.50 ms round trip against grpc.aio's 0.377 / 0.53, and the
-hop to a device thread and back that grpc.aio needed cost ~0.2 ms more.
+(NVML, files, the durable commit) and the answer, with no hop to another thread; only the
+GETs of a call with several claims go through the event loop. Measured, a do-nothing unary
+call costs the sync server 0.335 ms of CPU and a 0.50 ms round trip against grpc.aio's
+0.377 / 0.53, and the hop to a device thread and back that grpc.aio needed cost ~0.2 ms
+more.
 
 Not ``ThreadPoolExecutor``: its threads are not daemon threads and the interpreter joins
 them at exit, so a call stuck in NVML or in a MIG operation would hold SIGTERM's exit up

@@ -26,6 +26,7 @@ from gpudra.kube.errors import ApiCallError
 from gpudra.kube.kubeconfig import KubeconfigError, resolve
 from gpudra.kube.raw_api import NODES, RawApi
 from gpudra.kube.session import ApiSession
+from tests.kube.certificates import b64, make_certificate, server_tls
 
 NODE_LIST = b'{"kind": "NodeList", "apiVersion": "v1", "items": []}'
 UNAUTHORIZED = (b'{"kind": "Status", "apiVersion": "v1", "status": "Failure", '
@@ -243,32 +244,6 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
                     "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
     return cert, key
-
-
-def make_certificate(directory: Path, name: str, subject_alt_name: str) -> tuple[Path, Path]:
-    """A self-signed certificate and its key, as files."""
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command to make a certificate")
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                    f"/CN={name}", "-addext", f"subjectAltName={subject_alt_name}",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    return cert, key
-
-
-def server_tls(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    if client_ca is not None:  # clients must show a certificate it signed
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(client_ca)
-    return context
-
-
-def b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
 
 
 async def test_the_server_is_checked_against_the_kubeconfig_ca(tmp_path, certificate):
