@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 MAX_IDLE: Final = 8
 """Unused connections kept: one per call thread busy at once is plenty."""
 IDLE_TIMEOUT: Final = 15.0
-"""Seconds an unused connection is trusted; older ones are closed when next looked at
+"""Seconds an unused connection is trusted; older ones are closed at the next request
 (the asyncio client's limit; the API server keeps them longer)."""
 
 
@@ -65,7 +65,7 @@ class _NoAnswer(Exception):
 class _Conn:
     """One connection, the bytes read from it but not yet used, and when it went idle."""
 
-    __slots__ = ("buffer", "idle_since", "sock", "want_read")
+    __slots__ = ("buffer", "cut", "idle_since", "sock", "want_read")
 
     def __init__(self, sock: socket.socket, want_read: tuple[type[OSError], ...]) -> None:
         self.sock = sock
@@ -73,6 +73,8 @@ class _Conn:
         self.idle_since = 0.0
         self.want_read = want_read
         """What a non-blocking read raises when there is nothing to read."""
+        self.cut = False
+        """The client was closed while this connection was in use."""
 
     def send(self, data: bytes, deadline: float) -> None:
         self.sock.settimeout(_left(deadline))
@@ -103,10 +105,22 @@ class _Conn:
 
     def _fill(self, deadline: float) -> bool:
         """Wait for more bytes; False when the server has closed the connection."""
+        if self.cut:
+            raise HttpError("the client is closed")
         self.sock.settimeout(_left(deadline))
         data = self.sock.recv(READ_SIZE)
+        if self.cut:  # woken by close(): what recv() saw is not the server's answer
+            raise HttpError("the client is closed")
         self.buffer += data
         return bool(data)
+
+    def cut_off(self) -> None:
+        """Wake a thread blocked reading this connection (close() from another thread)."""
+        self.cut = True
+        # The plain socket's shutdown: SSLSocket.shutdown() also drops the TLS state, and a
+        # recv() in flight would then read the TLS records as if they were the answer.
+        with contextlib.suppress(OSError):  # already closed by the server
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
 
     def idle_and_open(self) -> bool:
         """Nothing to read and not closed by the server: fit for the next request."""
@@ -129,17 +143,14 @@ class BlockingHttpClient:
     def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None,
                  server_hostname: str | None = None) -> None:
         self._server = Server(base_url)
-        if self._server.tls and ssl_context is None:
-            import ssl
-
-            ssl_context = ssl.create_default_context()
-        self._ssl = ssl_context if self._server.tls else None
-        self._server_hostname = server_hostname or self._server.address[0]
+        self._ssl: ssl.SSLContext | None = None
         self._want_read: tuple[type[OSError], ...] = (BlockingIOError,)
-        if self._ssl is not None:
-            import ssl  # imported already: the context is one of its objects
+        if self._server.tls:
+            import ssl  # only for https (tests and `kubectl proxy` speak http)
 
+            self._ssl = ssl_context or ssl.create_default_context()
             self._want_read = (BlockingIOError, ssl.SSLWantReadError)
+        self._server_hostname = server_hostname or self._server.address[0]
         self._lock = threading.Lock()
         self._idle: list[_Conn] = []
         self._busy: set[_Conn] = set()
@@ -175,7 +186,7 @@ class BlockingHttpClient:
             except BaseException:
                 self._discard(conn)
                 raise
-            if keep:
+            if keep and not conn.buffer:  # bytes beyond the answer: not to the next one
                 self._release(conn)
             else:
                 self._discard(conn)
@@ -190,20 +201,19 @@ class BlockingHttpClient:
         for conn in idle:
             conn.close()
         for conn in busy:
-            # Wakes a thread blocked in recv(); that thread closes the socket itself. An
-            # OSError: already closed by the server.
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.cut_off()  # the thread using it closes it
 
     def _acquire(self, deadline: float, *, pooled: bool) -> tuple[_Conn, bool]:
         """A pooled connection (True), if ``pooled`` allows, or a new one (False); busy."""
-        cutoff = time.monotonic() - IDLE_TIMEOUT
         while pooled:
             with self._lock:
-                if not self._idle:
-                    break
-                conn = self._idle.pop()
-            if conn.idle_since > cutoff and conn.idle_and_open():
+                stale = self._stale()
+                conn = self._idle.pop() if self._idle else None
+            for old in stale:
+                old.close()
+            if conn is None:
+                break
+            if conn.idle_and_open():
                 with self._lock:
                     closed = self._closed  # while it was out of both sets: not woken
                     if not closed:
@@ -222,7 +232,31 @@ class BlockingHttpClient:
         return conn, False
 
     def _connect(self, deadline: float) -> socket.socket:
-        sock = socket.create_connection(self._server.address, timeout=_left(deadline))
+        """A connection to the server, TCP and TLS, within ``deadline`` (each address
+        the name resolves to is tried in turn; the name lookup itself cannot be bounded:
+        the API server is usually an address, the service's or a kubeconfig's)."""
+        host, port = self._server.address
+        try:
+            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot resolve {host}: {exc.strerror or exc}") from exc
+        failure: OSError | None = None
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(_left(deadline))
+                sock.connect(address)
+                break
+            except TimeoutError:
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                failure = exc
+        else:
+            reason = (failure.strerror or str(failure)) if failure else "no address"
+            raise OSError(getattr(failure, "errno", None),
+                          f"cannot connect to {host}:{port}: {reason}") from failure
         try:
             # Requests are one small write each: do not wait for an ACK (asyncio does the
             # same for its connections).
@@ -241,13 +275,25 @@ class BlockingHttpClient:
         with self._lock:
             self._busy.discard(conn)
             if self._closed:
-                spare: _Conn | None = conn
+                spare = [conn]
             else:
                 self._idle.append(conn)
-                # The oldest goes: the least likely to be used again.
-                spare = self._idle.pop(0) if len(self._idle) > MAX_IDLE else None
-        if spare is not None:
-            spare.close()
+                spare = self._stale()
+                if len(self._idle) > MAX_IDLE:
+                    # The oldest goes: the least likely to be used again.
+                    spare.append(self._idle.pop(0))
+        for old in spare:
+            old.close()
+
+    def _stale(self) -> list[_Conn]:
+        """Take the connections idle for longer than IDLE_TIMEOUT out of the pool (held
+        lock); the caller closes them. The pool is oldest first."""
+        cutoff = time.monotonic() - IDLE_TIMEOUT
+        n = 0
+        while n < len(self._idle) and self._idle[n].idle_since <= cutoff:
+            n += 1
+        stale, self._idle[:n] = self._idle[:n], []
+        return stale
 
     def _discard(self, conn: _Conn) -> None:
         with self._lock:
@@ -274,7 +320,7 @@ def _read_answer(conn: _Conn, method: str, deadline: float) -> tuple[Answer, boo
     framing = Framing(status=status, headers=headers, version=version, method=method)
     body = _body(conn, framing, deadline)
     if framing.gunzip is not None:
-        body = framing.gunzip.decompress(body) + framing.gunzip.flush()
+        body = framing.decoded(body) + framing.decoded(b"")
     return Answer(status, reason, headers, body), framing.keep_alive
 
 

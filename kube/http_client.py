@@ -279,7 +279,7 @@ class Response:
         self._keep_alive = framing.keep_alive
         self._chunked = framing.chunked
         self._remaining = framing.length  # bytes left of a Content-Length body
-        self._gunzip = framing.gunzip
+        self._framing = framing
         self._done = self._remaining == 0
         self._buffer = b""
 
@@ -338,9 +338,9 @@ class Response:
         """The next decoded piece of the body; ``b""`` at its end."""
         while not self._done:
             data = await self._next_raw()
-            if self._gunzip is None:
+            if self._framing.gunzip is None:
                 return data
-            data = self._gunzip.decompress(data) if data else self._gunzip.flush()
+            data = self._framing.decoded(data)
             if data:
                 return data
         return b""

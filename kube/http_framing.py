@@ -126,3 +126,11 @@ class Framing:
         if encoding not in ("identity", "gzip"):
             raise BadResponse(f"Content-Encoding {encoding!r} was not asked for")
         self.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+
+    def decoded(self, data: bytes) -> bytes:
+        """``data`` of a gzip body unpacked (``b""``: the end of the body, what is left)."""
+        assert self.gunzip is not None
+        try:
+            return self.gunzip.decompress(data) if data else self.gunzip.flush()
+        except zlib.error as exc:
+            raise BadResponse(f"the gzip body is corrupt ({exc})") from exc

@@ -38,6 +38,7 @@ class ApiSession:
         self._opening = asyncio.Lock()
         self._blocking: BlockingHttpClient | None = None
         self._blocking_lock = threading.Lock()
+        self._blocking_closed = False
         self._tls_lock = threading.Lock()
 
     @classmethod
@@ -72,7 +73,8 @@ class ApiSession:
         whole answer is read or ``timeout`` passes (see :mod:`gpudra.kube.blocking_http`).
 
         None when only the event loop can send it: while an exec plugin's credential has to
-        be fetched (it runs as a subprocess of the loop's)."""
+        be fetched (it runs as a subprocess of the loop's), and once the session is closed
+        (the loop's client reopens; the caller's loop path decides)."""
         client = self._blocking or self._open_blocking()
         if client is None:
             return None
@@ -92,6 +94,7 @@ class ApiSession:
     async def close(self) -> None:
         with self._blocking_lock:
             blocking, self._blocking = self._blocking, None
+            self._blocking_closed = True  # no new one: nobody would close it
         if blocking is not None:
             blocking.close()
         if self._client is not None:
@@ -120,9 +123,10 @@ class ApiSession:
 
     def _open_blocking(self) -> BlockingHttpClient | None:
         """The blocking client, with the same TLS context as the asyncio one; None while
-        that context needs an exec plugin's client certificate (fetched on the loop)."""
+        that context needs an exec plugin's client certificate (fetched on the loop) and
+        after close()."""
         with self._blocking_lock:
-            if self._blocking is None:
+            if self._blocking is None and not self._blocking_closed:
                 tls = None
                 if self.connection.server.startswith("https:"):
                     if self.connection.exec_plugin is None:

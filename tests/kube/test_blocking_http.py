@@ -7,7 +7,9 @@ through ``asyncio.to_thread``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
+import socket
 import ssl
 import time
 from contextlib import closing
@@ -196,8 +198,10 @@ async def test_both_clients_read_the_same_bytes_the_same_way(name: str):
     (b"HTTP/1.1 200 OK\r\nContent-Le", ServerDisconnected),
     (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000, BadResponse),
     (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 0\r\n\r\n", BadResponse),
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
+     BadResponse),
 ], ids=["not-http", "bad-length", "bad-chunk", "short-body", "chunk-without-crlf",
-        "short-chunk", "mid-head", "long-line", "unasked-encoding"])
+        "short-chunk", "mid-head", "long-line", "unasked-encoding", "corrupt-gzip"])
 async def test_broken_answers_are_the_same_errors_from_both_clients(answer, error):
     async with scripted(lambda r, i: [answer, CLOSE]) as server:
         with pytest.raises(error):
@@ -243,7 +247,68 @@ async def test_a_connection_idle_longer_than_idle_timeout_is_closed_not_used(mon
     assert [s.connection for s in server.seen] == [0, 0, 1]
 
 
+async def test_idle_connections_past_idle_timeout_are_all_closed_at_the_next_request(
+        monkeypatch):
+    # Only the newest idle connection is ever taken; the older ones must not linger.
+    monkeypatch.setattr(blocking_http, "IDLE_TIMEOUT", 0.2)
+    async with scripted(lambda r, i: [0.1, *ok()]) as server:  # slow: the three overlap
+        with closing(BlockingHttpClient(server.url)) as client:
+            assert await asyncio.gather(*(get(client) for _ in range(3))) == [(200, b"{}")] * 3
+            await asyncio.sleep(0.3)
+            assert await get(client) == (200, b"{}")
+            await eventually(lambda: server.closed_by_client == 3)
+            assert len(client._idle) == 1
+    assert server.connections == 4
+
+
+async def test_bytes_beyond_an_answer_never_reach_the_next_request():
+    extra = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{\"n\": 99}"
+    answers = [[ok()[0] + extra], ok(b'{"n": 1}')]  # type: ignore[operator]
+    async with scripted(lambda r, i: answers[i]) as server:
+        with closing(BlockingHttpClient(server.url)) as client:
+            assert await get(client) == (200, b"{}")
+            assert await get(client) == (200, b'{"n": 1}')
+    assert server.connections == 2
+
+
 # --- timeouts and closing --------------------------------------------------------------------
+
+async def test_the_timeout_bounds_connecting_to_every_address_of_the_name_together(
+        monkeypatch):
+    # A listener whose backlog is full drops new SYNs: connect() hangs, as to a host gone.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued = [socket.socket() for _ in range(3)]
+    for sock in queued:
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(address)
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, *a, **k: (
+        real("127.0.0.1", port, *a, **k) * 3 if host == "api.example" else real(host, port,
+                                                                                   *a, **k)))
+    try:
+        with closing(BlockingHttpClient(f"http://api.example:{address[1]}")) as client:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await call(client, timeout=0.6)
+            assert time.monotonic() - started < 0.6 * 2  # not 0.6 per address
+    finally:
+        for sock in [*queued, listener]:
+            sock.close()
+
+
+async def test_a_refused_connection_names_the_server():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, not listening: refused
+        with (closing(BlockingHttpClient(f"http://127.0.0.1:{port}")) as client,
+              pytest.raises(OSError, match=f"cannot connect to 127.0.0.1:{port}: Connection "
+                                           "refused")):
+            await call(client)
+
 
 @pytest.mark.parametrize("rest", [
     [b"{", 5.0, b"}"],
@@ -295,6 +360,23 @@ async def test_close_hangs_up_idle_connections_and_cuts_short_a_request_in_fligh
 
 
 # --- https -----------------------------------------------------------------------------------
+
+async def test_close_cuts_short_a_tls_request_with_its_own_error(api_internal):
+    # Over TLS, what the socket still holds is encrypted: it must never be read as HTTP.
+    server_side, client_side = api_internal
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    stream = [head, *[p for _ in range(50) for p in (b"2\r\n{}\r\n", 0.002)], 30.0]
+    for _ in range(5):
+        async with scripted(lambda r, i: stream, tls=server_side) as server:
+            client = BlockingHttpClient(server.url, ssl_context=client_side,
+                                        server_hostname="api.internal")
+            stalled = asyncio.ensure_future(call(client, timeout=30))
+            await eventually(lambda: len(server.seen) == 1)
+            await asyncio.sleep(0.05)
+            client.close()
+            with pytest.raises(HttpError, match="the client is closed"):
+                await stalled
+
 
 @pytest.fixture
 def api_internal(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:

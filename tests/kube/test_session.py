@@ -361,6 +361,15 @@ async def test_an_exec_credential_is_fetched_on_the_loop_and_then_used_by_blocki
         "Bearer token-2"]
 
 
+async def test_a_closed_session_opens_no_new_blocking_client():
+    async with recording_server() as (url, seen):
+        session = ApiSession.for_url(url)
+        assert await blocking_list(session) == (200, NODE_LIST)
+        await session.close()
+        assert await blocking_list(session) is None  # nobody would close a new one
+    assert len(seen) == 1
+
+
 async def test_an_expiring_exec_credential_keeps_blocking_requests_on_the_loop(tmp_path):
     user = exec_plugin(tmp_path, {"token": "t", "expirationTimestamp": "2000-01-01T00:00:00Z"})
     async with recording_server() as (url, seen):
