@@ -5,11 +5,11 @@ Everything here is immutable; what changes at run time lives in :mod:`.state`.
 
 from __future__ import annotations
 
+import pkgutil
 import re
 import uuid
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
 
 import yaml
@@ -174,7 +174,12 @@ def mig_uuid(parent_uuid: str, gi_id: int, ci_id: int, serial: int) -> str:
 
 
 def _load(name: str) -> dict[str, Any]:
-    text = resources.files(__package__).joinpath("data", name).read_text(encoding="utf-8")
+    # pkgutil, not importlib.resources: the node daemon imports pkgutil anyway (gRPC does),
+    # and resources.files() would add importlib's readers and zipfile (issue 14, memory).
+    raw = pkgutil.get_data(f"{__package__}.data", name)
+    if raw is None:
+        raise ValueError(f"{name}: no such simulator data file in this installation")
+    text = raw.decode("utf-8")
     # libyaml when present: the profiles are ~2,000 lines, a tenth of a second in pure Python.
     data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(data, dict) or data.get("schema_version") != 1:

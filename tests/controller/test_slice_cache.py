@@ -1,6 +1,10 @@
-"""The reflector's cache keeps stored slices as text: reads give fresh, equal objects."""
+"""The reflector's cache keeps stored slices as compressed text: reads give fresh, equal
+objects."""
 
 from __future__ import annotations
+
+import json
+import tracemalloc
 
 from gpudra.controller.slice_reflector import SliceCache
 from gpudra.testing.fakeapi import samples
@@ -37,3 +41,18 @@ def test_drop_forgets_a_name_once():
     assert cache.drop("a") is True
     assert cache.drop("a") is False
     assert "a" not in cache and cache.get("a") is None and cache.version("a") is None
+
+
+def test_a_large_slice_is_kept_compressed():
+    # Issue 14 (idle RSS): a dgx-h100's nine slices are ~0.23 MiB of JSON, kept as ~15 KB.
+    obj = stored("node-1-gpu", "3")
+    obj["spec"]["devices"] = [samples.device(f"gpu-{i}") for i in range(200)]
+    text = json.dumps(obj, separators=(",", ":"))
+    tracemalloc.start()
+    try:
+        cache = SliceCache([obj])
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < len(text) / 5, (kept, len(text))
+    assert cache["node-1-gpu"] == obj

@@ -16,8 +16,11 @@ PHASE_TWO = (
 )
 # Memory (issue 14): prometheus_client's __init__ imports its HTTP servers and push client
 # too (2 MiB; /metrics is written by gpudra.api.prometheus); importlib.metadata imports
-# email, zipfile, csv… (1.1 MiB; see gpudra.api.no_pydantic_plugins and gpudra.cli.version).
-NEVER = ("aiohttp", "kubernetes", "prometheus_client", "importlib.metadata")
+# email, zipfile, csv… (1.1 MiB; see gpudra.api.no_pydantic_plugins and gpudra.cli.version);
+# importlib.resources.files() imports importlib's readers and zipfile (0.4 MiB: the simulator
+# reads its profiles with pkgutil.get_data).
+NEVER = ("aiohttp", "kubernetes", "prometheus_client", "importlib.metadata",
+         "importlib.resources", "importlib.readers", "zipfile")
 
 
 def imported_after(code: str) -> set[str]:
@@ -58,3 +61,12 @@ def test_the_metrics_endpoint_and_the_version_line_need_neither():
     # A daemon in its pod reads no kubeconfig file (and a real node no simulator data):
     # PyYAML is imported only to read one (0.9 MiB resident).
     assert "gpudra.kube.kubeconfig" in modules and "yaml" not in modules
+
+
+def test_a_simulated_node_reads_its_profiles_without_importlib_resources():
+    modules = imported_after("from gpudra.kubeletplugin import daemon\n"
+                             "daemon._import_client_modules()\n"
+                             "from gpudra.driver.sim import profiles\n"
+                             "profiles.node_profile('dgx-h100'), profiles.nvml_data()")
+    assert "gpudra.driver.sim.profiles" in modules
+    assert sorted(modules & set(NEVER)) == []
