@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Container
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -266,16 +267,36 @@ async def test_the_server_is_checked_against_the_kubeconfig_ca(tmp_path, certifi
     assert len(seen) == 3
 
 
+@dataclass
+class MutualTls:
+    """A server certificate naming api.internal (not the 127.0.0.1 dialled) and a client
+    certificate the server requires; the SNI names the server is sent."""
+
+    cert: Path
+    client_cert: Path
+    client_key: Path
+    server: ssl.SSLContext
+    cluster: dict[str, Any]
+    """The kubeconfig cluster fields: its CA and tls-server-name api.internal."""
+    names: list[str | None] = field(default_factory=list)
+
+
+def mutual_tls(tmp_path: Path) -> MutualTls:
+    cert, key = make_certificate(tmp_path, "api.internal", "DNS:api.internal")
+    client_cert, client_key = make_certificate(tmp_path, "node-a", "DNS:node-a")
+    tls = MutualTls(cert, client_cert, client_key, server_tls(cert, key, client_ca=client_cert),
+                    {"certificate-authority-data": b64(cert), "tls-server-name": "api.internal"})
+    tls.server.sni_callback = lambda sock, name, context: tls.names.append(name)
+    return tls
+
+
 async def test_a_server_name_override_and_a_client_certificate_the_server_requires(tmp_path):
     """The certificate names api.internal, not the address dialled: tls-server-name is what
     is checked (and sent as SNI); the server only talks to holders of the client cert."""
-    cert, key = make_certificate(tmp_path, "api.internal", "DNS:api.internal")
-    client_cert, client_key = make_certificate(tmp_path, "node-a", "DNS:node-a")
-    tls = server_tls(cert, key, client_ca=client_cert)
-    names: list[str | None] = []
-    tls.sni_callback = lambda sock, name, context: names.append(name)
-    cluster = {"certificate-authority-data": b64(cert), "tls-server-name": "api.internal"}
-    async with recording_server(tls) as (url, seen):
+    tls = mutual_tls(tmp_path)
+    cert, client_cert, client_key, cluster, names = (
+        tls.cert, tls.client_cert, tls.client_key, tls.cluster, tls.names)
+    async with recording_server(tls.server) as (url, seen):
         await list_nodes(settings(write_kubeconfig(
             tmp_path / "cfg", url, {"client-certificate-data": b64(client_cert),
                                     "client-key-data": b64(client_key)}, cluster)))
@@ -382,13 +403,10 @@ async def test_an_expiring_exec_credential_keeps_blocking_requests_on_the_loop(t
 
 async def test_blocking_requests_use_the_sessions_tls_server_name_and_client_certificate(
         tmp_path):
-    cert, key = make_certificate(tmp_path, "api.internal", "DNS:api.internal")
-    client_cert, client_key = make_certificate(tmp_path, "node-a", "DNS:node-a")
-    tls = server_tls(cert, key, client_ca=client_cert)
-    names: list[str | None] = []
-    tls.sni_callback = lambda sock, name, context: names.append(name)
-    cluster = {"certificate-authority-data": b64(cert), "tls-server-name": "api.internal"}
-    async with recording_server(tls) as (url, seen):
+    tls = mutual_tls(tmp_path)
+    cert, client_cert, client_key, cluster, names = (
+        tls.cert, tls.client_cert, tls.client_key, tls.cluster, tls.names)
+    async with recording_server(tls.server) as (url, seen):
         connection = settings(write_kubeconfig(
             tmp_path / "cfg", url, {"client-certificate-data": b64(client_cert),
                                     "client-key-data": b64(client_key)}, cluster))
