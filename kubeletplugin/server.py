@@ -1,7 +1,9 @@
 """The node daemon's two gRPC servers: DRA services and registration, one per unix socket.
 
-The DRA socket is gRPC's synchronous server: each kubelet call runs from request to answer
-in one of its call threads (:mod:`.call_threads`), device work included. The registration
+On the DRA socket each kubelet call runs from request to answer in one thread, device work
+included: the thread that polled its request from gRPC's completion queue
+(:mod:`.core_server`), or, with a grpcio lacking that core API, one of the synchronous
+server's call threads (:mod:`.call_threads`). The registration
 socket is ``grpc.aio`` on the event loop: it answers while start-up runs and feeds the
 loop's registration state.
 
@@ -25,7 +27,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
-from . import sockets
+from . import core_server, sockets
 from .call_threads import CallThreads
 from .dra_service import ClaimCalls, DraV1beta1Servicer, DraV1Servicer
 from .interfaces import ClaimPreparer
@@ -64,6 +66,12 @@ class HealthServicer(Servicer, Protocol):
         ...
 
 
+class CallWaiter(Protocol):
+    """What waits for the DRA server's call threads at stop."""
+
+    def close(self, timeout: float | None = None) -> bool: ...
+
+
 class ServerStartError(RuntimeError):
     """A gRPC server could not listen on its socket."""
 
@@ -94,7 +102,7 @@ class PluginServer:
         self._versions = supported_versions(health=health_servicer is not None)
         self._registration = RegistrationState()
         self._dra_server: Any = None
-        self._call_threads: CallThreads | None = None
+        self._call_threads: CallWaiter | None = None
         self._registration_server: Any = None
         self._stopping: asyncio.Task[None] | None = None
         self._calls_finished = True
@@ -146,10 +154,9 @@ class PluginServer:
         dra_servicers: list[Servicer] = [DraV1Servicer(calls), DraV1beta1Servicer(calls)]
         if self._health is not None:
             dra_servicers.append(self._health)
-        threads = CallThreads(
+        self._dra_server, self._call_threads = _serve_calls(
+            self._dra_socket, dra_servicers,
             CALL_THREADS + (self._health.max_streams if self._health is not None else 0))
-        self._dra_server = _serve_calls(self._dra_socket, dra_servicers, threads)
-        self._call_threads = threads
         self._calls_finished = False  # until a stop has seen them end
         registration = RegistrationServicer(
             self._driver_name, str(self._dra_socket), self._versions, self._registration)
@@ -235,18 +242,28 @@ async def _serve(socket: Path, servicers: Sequence[Servicer]) -> Any:
     return server
 
 
-def _serve_calls(socket: Path, servicers: Sequence[Servicer], threads: CallThreads) -> Any:
-    """A started synchronous gRPC server on ``socket`` whose calls run in ``threads``."""
+def _serve_calls(socket: Path, servicers: Sequence[Servicer], max_threads: int,
+                 ) -> tuple[Any, CallWaiter]:
+    """A started gRPC server on ``socket`` running up to ``max_threads`` calls at once, and
+    what waits for its threads at stop: :class:`.core_server.CallServer`, or gRPC's
+    synchronous server where the installed grpcio lacks the core API it needs."""
     _remove_stale(socket)
-    server = grpc.server(threads)  # any Executor serves: gRPC only calls submit()
+    if core_server.available():
+        server: Any = core_server.CallServer(max_threads)
+        waiter: CallWaiter = server
+    else:
+        log.warning("grpcio lacks the core API of the DRA socket's server: using gRPC's "
+                    "synchronous server (about 0.15 ms more per call)")
+        waiter = threads = CallThreads(max_threads)
+        server = grpc.server(threads)  # any Executor serves: gRPC only calls submit()
     try:
         _listen(server, socket, servicers)
     except ServerStartError:
         server.stop(None)
-        threads.close(0.0)
+        waiter.close(0.0)
         raise
     server.start()
-    return server
+    return server, waiter
 
 
 def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
