@@ -4,8 +4,9 @@
 
 Each line is a cost the node daemon pays on its hot path and does not control:
 
-- a unary gRPC call over a unix socket between two Python processes (grpc.aio on both
-  ends, as the daemon and the kubelet emulator), with a handler that does nothing: round
+- a unary gRPC call over a unix socket between two Python processes (the client is
+  grpc.aio, as the kubelet emulator; the server the daemon's :class:`CallServer`, and
+  gRPC's synchronous server for comparison), with a handler that does nothing: round
   trip p50 and the server's CPU per call;
 - a durable checkpoint commit of a 2 KiB file (write a temporary file, fsync, rename, fsync
   the directory) on the checkpoint's disk (``--dir``, default /tmp) and on tmpfs: what a
@@ -19,7 +20,6 @@ Each line is a cost the node daemon pays on its hot path and does not control:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import subprocess
@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 _CLIENT = r"""
 import asyncio, sys, time
@@ -55,14 +56,17 @@ _IMPORTS = ("asyncio, ssl, json, grpc, grpc.aio, google.protobuf, pydantic, stru
             "pynvml, yaml")
 
 
-async def grpc_floor(calls: int) -> tuple[float, float]:
-    """(round trip p50 ms, server CPU ms per call) of a do-nothing unprepare."""
+def grpc_floor(calls: int, kind: str) -> tuple[float, float]:
+    """(round trip p50 ms, server CPU ms per call) of a do-nothing unprepare served by
+    ``kind``: ``core`` (the daemon's :class:`CallServer`) or ``sync`` (``grpc.server``)."""
     import grpc
 
     from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc
+    from gpudra.kubeletplugin.call_threads import CallThreads
+    from gpudra.kubeletplugin.core_server import CallServer
 
     class Nothing(dra_v1_pb2_grpc.DRAPluginServicer):
-        async def NodeUnprepareResources(
+        def NodeUnprepareResources(
                 self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: object,
         ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
             return dra_v1_pb2.NodeUnprepareResourcesResponse(claims={
@@ -70,19 +74,19 @@ async def grpc_floor(calls: int) -> tuple[float, float]:
 
     with tempfile.TemporaryDirectory(prefix="gd-floor-") as tmp:
         target = f"unix:{tmp}/floor.sock"
-        server = grpc.aio.server()
+        threads = CallThreads(8) if kind == "sync" else None
+        server: Any = grpc.server(threads) if threads is not None else CallServer(8)
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(Nothing(), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(target)
-        await server.start()
+        server.start()
         try:
-            cpu = time.process_time()
-            client = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _CLIENT, target, str(calls),
-                stdout=asyncio.subprocess.PIPE)
-            out, _ = await client.communicate()
+            cpu = time.process_time()  # every thread of this process, ended ones too
+            out = subprocess.run([sys.executable, "-c", _CLIENT, target, str(calls)],
+                                 capture_output=True, text=True, check=True).stdout
             cpu = time.process_time() - cpu
         finally:
-            await server.stop(None)
+            server.stop(None).wait(5)
+            (threads or server).close(5)
     return float(out), cpu / (calls + 100) * 1000
 
 
@@ -151,9 +155,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp"),
                         help="a directory on the disk the checkpoint lives on")
     args = parser.parse_args()
-    round_trip, server_cpu = asyncio.run(grpc_floor(args.calls))
-    print(f"gRPC unary call, Python to Python over a unix socket, no work: round trip p50 "
-          f"{round_trip:.2f} ms, server CPU {server_cpu:.2f} ms per call")
+    for kind, name in (("core", "CallServer"), ("sync", "grpc.server")):
+        round_trip, server_cpu = grpc_floor(args.calls, kind)
+        print(f"gRPC unary call, Python to Python over a unix socket, no work, {name}: "
+              f"round trip p50 {round_trip:.2f} ms, server CPU {server_cpu:.2f} ms per call")
     print(f"durable replace of a 2 KiB file (write, fsync, rename, fsync dir): "
           f"{commit_floor(args.dir):.2f} ms on {args.dir}, "
           f"{commit_floor(Path('/dev/shm')):.3f} ms on /dev/shm (tmpfs)")
