@@ -222,7 +222,7 @@ class CallServer:
 
     def _cancel_after(self, stopped: threading.Event, grace: float) -> None:
         if not stopped.wait(grace):
-            pass
+            self._cancel_all()
 
     def _cancel_all(self) -> None:
         with self._lock:
