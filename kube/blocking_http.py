@@ -1,6 +1,6 @@
 """A blocking HTTP/1.1 client for threads that must not wait on the event loop.
 
-A kubelet call runs in its own thread (:mod:`gpudra.kubeletplugin.call_threads`); sending
+A kubelet call runs in its own thread (:mod:`gpudra.kubeletplugin.core_server`); sending
 its claim GET through the event loop costs two thread hand-offs and a task per call, about
 a tenth of a prepare. This client sends it from the calling thread instead, speaking the
 same HTTP as the asyncio client (:mod:`gpudra.kube.http_framing`): keep-alive connections

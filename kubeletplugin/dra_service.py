@@ -6,8 +6,8 @@ logs; the two servicers only build their version's messages. The kubelet treats 
 error as "nothing happened" and retries the whole batch, so everything that concerns one
 claim is reported in that claim's entry and only a broken preparer fails the call.
 
-The servicers are synchronous: gRPC's sync server runs each call in one of its call
-threads (:mod:`.call_threads`) from request to answer.
+The servicers are synchronous: each call runs from request to answer in the thread that
+received it (:mod:`.core_server`).
 """
 
 from __future__ import annotations
