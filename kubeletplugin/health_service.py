@@ -9,7 +9,7 @@ sends nothing until it does (:meth:`HealthService.set_source`): an empty or part
 would turn devices Unknown. Both versions share one implementation; only the message
 classes differ.
 
-The DRA socket is gRPC's synchronous server, so an open stream holds one of its threads
+The DRA socket's handlers are synchronous, so an open stream holds one of its threads
 for its whole life. The kubelet keeps one stream open, two for a moment while it
 reconnects; the server must keep :attr:`HealthService.max_streams` threads beyond those
 its claim calls need, and streams past that limit are refused (RESOURCE_EXHAUSTED; the
