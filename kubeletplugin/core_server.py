@@ -6,18 +6,20 @@ pool thread; that thread asks for the request, waits for the poller to hand it o
 the handler and gives the answer back to the poller to send: two wake-ups of another thread
 per call. Here several threads poll the one queue, and the thread whose poll returns a
 call's request runs the handler itself and starts the answer's send. Measured with a
-do-nothing unary call between two processes (``bench.floors``): round trip 0.53 -> 0.39 ms,
-server CPU 0.36 -> 0.20 ms per call.
+do-nothing unary call between two processes (``bench.floors``, one run): round trip
+0.56 -> 0.42 ms, server CPU 0.38 -> 0.24 ms per call.
 
 A thread about to run a handler first makes sure another thread still polls, starting one
 up to the limit; at the limit the last poller queues the call for the next thread that
 finishes one, instead of running it, because a server stream waits for its sends to
-complete and only a poller sees that. Threads beyond two spare pollers end once idle.
+complete and only a poller sees that. Threads beyond two spare pollers end after
+:data:`SPARE_IDLE` seconds without work, so a burst reuses the threads of the one before.
 
 It serves what the node daemon registers: unary-unary and unary-stream methods, through
 the same ``add_to_server`` code as ``grpc.server``; handlers get a context with
-``is_active``, ``abort``, ``add_callback``, ``time_remaining``, ``invocation_metadata`` and
-``peer``. Anything else is UNIMPLEMENTED. It is built on ``grpc._cython.cygrpc``, the layer
+``is_active``, ``abort``, ``set_code``, ``set_details``, ``add_callback``,
+``time_remaining``, ``invocation_metadata`` and ``peer``; statuses are those
+``grpc.server`` sends. Anything else is UNIMPLEMENTED. It is built on ``grpc._cython.cygrpc``, the layer
 grpcio's own servers are built on; :func:`available` says whether the installed grpcio has
 what it needs (if not, the daemon uses gRPC's synchronous server).
 """
@@ -41,15 +43,25 @@ except ImportError:  # pragma: no cover - a grpcio without its Cython core
 log = structlog.get_logger(__name__)
 
 SPARE_POLLERS = 2
-"""Threads that poll without running a call; more end when their call is done (each idle
-poller wakes five times a second to let Python see signals)."""
+"""Threads that poll without running a call; more end once idle for :data:`SPARE_IDLE`
+seconds (each idle poller wakes five times a second to let Python see signals)."""
+SPARE_IDLE = 10.0
+"""Seconds a poller beyond the spare ones waits for work before it ends: a burst of calls
+reuses the threads the previous one started."""
 
-_NEEDED = ("CompletionQueue", "Server", "CompletionType", "StatusCode",
+_NEEDED = ("CompletionQueue", "Server", "CompletionType", "StatusCode", "CallError",
            "ReceiveMessageOperation", "ReceiveCloseOnServerOperation",
            "SendInitialMetadataOperation", "SendMessageOperation",
            "SendStatusFromServerOperation")
 
 Job = Callable[[], None]
+
+
+class _Idle:
+    """What a poll returns when it waited its whole deadline."""
+
+
+IDLE = _Idle()
 
 
 def available() -> bool:
@@ -80,7 +92,8 @@ class CallServer:
     event set once every call ended); and :meth:`close`, which waits for the threads.
     """
 
-    def __init__(self, max_threads: int, *, name: str = "gpudra-call") -> None:
+    def __init__(self, max_threads: int, *, name: str = "gpudra-call",
+                 spare_idle: float = SPARE_IDLE) -> None:
         if not available():
             raise RuntimeError("this grpcio lacks the core API CallServer needs")
         if max_threads < 1:
@@ -88,7 +101,7 @@ class CallServer:
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server((), False)
         self._server.register_completion_queue(self._cq)
-        self._threads = _Pollers(self._poll, max_threads, name)
+        self._threads = _Pollers(self._poll, max_threads, name, spare_idle)
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
         self._lock = threading.Lock()
@@ -112,7 +125,12 @@ class CallServer:
             self._registered[f"/{service}/{name}"] = handler
 
     def add_insecure_port(self, address: str) -> int:
-        return int(self._server.add_http2_port(address.encode()))
+        """Listen on ``address``; RuntimeError if it cannot (as ``grpc.server`` raises: gRPC
+        core only answers port 0)."""
+        port = int(self._server.add_http2_port(address.encode()))
+        if port == 0:
+            raise RuntimeError(f"Failed to bind to address {address}")
+        return port
 
     def start(self) -> None:
         with self._lock:
@@ -121,7 +139,9 @@ class CallServer:
             self._server.start()
             self._stage = "started"
             self._request_call()
-        self._threads.start(SPARE_POLLERS)
+        if not self._threads.start(SPARE_POLLERS):
+            self.stop(None)
+            raise RuntimeError("cannot start a thread to serve gRPC calls")
 
     def stop(self, grace: float | None) -> threading.Event:
         """Take no new calls; cancel the ones in flight after ``grace`` seconds (None: at
@@ -145,18 +165,19 @@ class CallServer:
 
     def close(self, timeout: float | None = None) -> bool:
         """After :meth:`stop`: wait up to ``timeout`` seconds (None: for ever) for every
-        thread to end, handlers still running included. True if they all did."""
-        return self._threads.join(timeout)
+        thread to end, handlers still running included. True if they all did, or if no
+        handler runs any more (the pollers end as soon as they see the queue shut)."""
+        return self._threads.join(timeout) or self._threads.idle()
 
     # -- in the polling threads ---------------------------------------------------------
 
-    def _poll(self) -> Job | None:
-        """Wait for one event and handle it; a job to run means a handler is due. Raises
-        :class:`_QueueShutdown` when the queue is done."""
-        event = self._cq.poll()
+    def _poll(self, deadline: float) -> Job | _Idle | None:
+        """Wait until ``deadline`` (``time.time()``) for one event and handle it; a job to
+        run means a handler is due. Raises :class:`_QueueShutdown` when the queue is done."""
+        event = self._cq.poll(deadline)
         kind = event.completion_type
         if kind == cygrpc.CompletionType.queue_timeout:
-            return None
+            return IDLE
         if kind == cygrpc.CompletionType.queue_shutdown:
             raise _QueueShutdown
         tag: Callable[[Any], Job | None] = event.tag
@@ -181,7 +202,12 @@ class CallServer:
             method = event.call_details.method.decode("utf-8", "replace")
             call = _Call(self, event, method)
             self._calls.add(call)
-        handler = self._handler(method, event.invocation_metadata)
+        try:
+            handler = self._handler(method, event.invocation_metadata)
+        except Exception:
+            log.exception("gRPC handler lookup failed", method=method)
+            call.reject(grpc.StatusCode.UNKNOWN, "Error in service handler!")
+            return None
         if handler is None or handler.request_streaming:
             call.reject(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         else:
@@ -242,24 +268,26 @@ class _Pollers:
     ``pending`` for the next thread that finishes a handler.
     """
 
-    def __init__(self, poll: Callable[[], Job | None], max_threads: int, name: str) -> None:
+    def __init__(self, poll: Callable[[float], Job | _Idle | None], max_threads: int,
+                 name: str, spare_idle: float) -> None:
         self._poll = poll
+        self._spare_idle = spare_idle
         self._max = max_threads + 1  # the handlers' threads, and one that always polls
         self._name = name
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._live = 0
+        self._threads: set[threading.Thread] = set()  # alive
+        self._started = 0
         self._polling = 0
         self._pending: collections.deque[Job] = collections.deque()
 
     @property
     def started(self) -> int:
-        return len(self._threads)
+        return self._started
 
-    def start(self, count: int) -> None:
+    def start(self, count: int) -> bool:
+        """Start ``count`` pollers; False if not even one could start."""
         with self._lock:
-            for _ in range(count):
-                self._spawn()
+            return sum(self._spawn() for _ in range(count)) > 0
 
     def join(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -269,42 +297,62 @@ class _Pollers:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
 
-    def _spawn(self) -> bool:  # under self._lock
-        thread = threading.Thread(target=self._run, daemon=True,
-                                  name=f"{self._name}-{len(self._threads)}")
+    def idle(self) -> bool:
+        """No handler runs and none waits for a thread."""
+        with self._lock:
+            return self._polling == len(self._threads) and not self._pending
+
+    def _spawn(self, first: Job | None = None) -> bool:  # under self._lock
+        """Start a thread: a poller, or one that runs ``first`` and then polls."""
+        thread = threading.Thread(target=self._run, args=(first,), daemon=True,
+                                  name=f"{self._name}-{self._started}")
         try:
             thread.start()
         except RuntimeError:  # "can't start new thread": a pids limit
             return False
-        self._threads.append(thread)
-        self._live += 1
-        self._polling += 1
+        self._threads.add(thread)
+        self._started += 1
+        if first is None:
+            self._polling += 1
         return True
 
-    def _run(self) -> None:
+    def _run(self, job: Job | None) -> None:
+        polling = job is None  # whether this thread is counted in self._polling
+        ended = True  # False: it ended as a spare poller, with nothing queued
         try:
             while True:
-                job = self._poll()
                 if job is None:
-                    continue
-                if not self._leave(job):
-                    continue
+                    polled = self._poll(time.time() + self._spare_idle)
+                    if isinstance(polled, _Idle):
+                        if self._end_spare():
+                            polling = ended = False  # counted out already
+                            return
+                        continue
+                    if polled is None or not self._leave(polled):
+                        continue
+                    job, polling = polled, False
                 while job is not None:
                     _run_job(job)
                     job = self._back()
-                if self._end_spare():
-                    return
-        except _QueueShutdown:
+                polling = True
+        except (_QueueShutdown, SystemExit):
+            pass  # (a handler's SystemExit ends its thread, as threading's hook would)
+        finally:
+            # Also when a handler raised past _run_job (a BaseException): the counts stay
+            # true, and a queued call gets a thread of its own.
             with self._lock:
-                self._live -= 1
-                self._polling -= 1
+                if polling:
+                    self._polling -= 1
+                self._threads.discard(threading.current_thread())
+                if self._pending and not polling and ended:
+                    self._spawn(self._pending.popleft())
 
     def _leave(self, job: Job) -> bool:
         """Stop polling to run ``job``; False: it was queued (this is the last poller)."""
         with self._lock:
-            if (self._polling > 1 or (self._live < self._max and self._spawn())
-                    or self._live == 1):
-                # (live == 1: no thread could be started and none would come back for a
+            if (self._polling > 1 or (len(self._threads) < self._max and self._spawn())
+                    or len(self._threads) == 1):
+                # (a single thread: none could be started and none would come back for a
                 # queued job, so this one runs it, with nobody polling meanwhile.)
                 self._polling -= 1
                 return True
@@ -320,10 +368,11 @@ class _Pollers:
             return None
 
     def _end_spare(self) -> bool:
+        """An idle poller ends if more than the spare ones poll."""
         with self._lock:
             if self._polling > SPARE_POLLERS:
                 self._polling -= 1
-                self._live -= 1
+                self._threads.discard(threading.current_thread())
                 return True
             return False
 
@@ -357,6 +406,8 @@ class _Call:
         self._status_sent = False
         self._sending = False
         self._callbacks: list[Callable[[], None]] = []
+        self.code = grpc.StatusCode.OK  # what the handler set (context.set_code)
+        self.details = ""
 
     # -- handler side ------------------------------------------------------------------
 
@@ -392,6 +443,8 @@ class _Call:
     def _respond(self, data: bytes) -> None:
         handler = self._handler
         assert handler is not None
+        if self._closed:  # cancelled (its deadline passed) while it waited for a thread
+            return
         try:
             request = handler.request_deserializer(data) if handler.request_deserializer \
                 else data
@@ -404,14 +457,18 @@ class _Call:
             if handler.unary_unary is not None:
                 answer = self._serialized(handler, handler.unary_unary(request, context))
                 if answer is not None:
-                    self._finish(grpc.StatusCode.OK, "", answer)
+                    self._finish(self.code, self.details, answer)
             else:
                 self._stream(handler, handler.unary_stream(request, context))
         except _Abort as abort:
             self._finish(abort.code, abort.details)
-        except Exception as exc:
+        except BaseException as exc:
             log.exception("gRPC handler failed", method=self.method)
-            self._finish(grpc.StatusCode.UNKNOWN, f"Exception calling application: {exc}")
+            what = "calling application" if handler.unary_unary is not None \
+                else "iterating responses"
+            self._finish(grpc.StatusCode.UNKNOWN, f"Exception {what}: {exc}")
+            if not isinstance(exc, Exception):
+                raise
 
     def _stream(self, handler: grpc.RpcMethodHandler, responses: Iterator[Any]) -> None:
         try:
@@ -419,7 +476,7 @@ class _Call:
                 answer = self._serialized(handler, response)
                 if answer is None or not self._send(answer):
                     return
-            self._finish(grpc.StatusCode.OK, "")
+            self._finish(self.code, self.details)
         finally:
             close = getattr(responses, "close", None)
             if close is not None:
@@ -427,8 +484,10 @@ class _Call:
 
     def _serialized(self, handler: grpc.RpcMethodHandler, response: Any) -> bytes | None:
         try:
-            answer: bytes = handler.response_serializer(response) \
+            answer = handler.response_serializer(response) \
                 if handler.response_serializer else response
+            if not isinstance(answer, bytes):
+                raise TypeError(f"a response serialized to {type(answer).__name__}, not bytes")
             return answer
         except Exception:
             log.exception("cannot encode a gRPC response", method=self.method)
@@ -479,7 +538,9 @@ class _Call:
     def _start(self, operations: tuple[Any, ...], tag: Callable[[Any], Job | None]) -> None:
         """Start a batch already counted in ``self._batches``."""
         try:
-            self._call.start_server_batch(operations, tag)
+            error = self._call.start_server_batch(operations, tag)
+            if error != cygrpc.CallError.ok:
+                raise RuntimeError(f"gRPC refused the batch: call error {error}")
         except Exception:
             log.exception("cannot start a gRPC batch", method=self.method)
             with self._changed:
@@ -497,7 +558,8 @@ class _Call:
         status = None
         with self._changed:
             self._batches -= 1
-            if data is None and not self._closed:
+            closed = self._closed
+            if data is None and not closed:
                 self._batches += 1
                 status = self._status(
                     grpc.StatusCode.UNIMPLEMENTED,
@@ -507,7 +569,8 @@ class _Call:
             self._start(status, self._on_sent)
         if ended:
             self._server._call_ended(self)
-        return None if data is None else lambda: self._respond(data)
+        # A call already cancelled runs no handler (as with grpc.server).
+        return None if data is None or closed else lambda: self._respond(data)
 
     def _on_sent(self, event: Any) -> Job | None:
         with self._changed:
@@ -567,7 +630,14 @@ class CallContext:
         """Run ``callback`` when the call ends; False if it already has."""
         return self._call.add_callback(callback)
 
+    def set_code(self, code: grpc.StatusCode) -> None:
+        """The status the call ends with when the handler returns."""
+        self._call.code = code
+
+    def set_details(self, details: str) -> None:
+        self._call.details = details
+
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
-        if code == grpc.StatusCode.OK:
-            code = grpc.StatusCode.UNKNOWN
+        if code == grpc.StatusCode.OK:  # not an abort: grpc.server makes it UNKNOWN, too
+            code, details = grpc.StatusCode.UNKNOWN, ""
         raise _Abort(code, details)

@@ -85,9 +85,9 @@ def serve(socket_dir: Path) -> Iterator[Serve]:
               handlers: dict[str, grpc.RpcMethodHandler] | None = None,
               registered: dict[str, grpc.RpcMethodHandler] | None = None,
               generic: tuple[grpc.GenericRpcHandler, ...] = (),
-              max_threads: int = 4) -> Served:
+              max_threads: int = 4, spare_idle: float = core_server.SPARE_IDLE) -> Served:
         name = f"core-test-{next(_names)}"
-        server = CallServer(max_threads, name=name)
+        server = CallServer(max_threads, name=name, spare_idle=spare_idle)
         methods: dict[str, grpc.RpcMethodHandler] = {
             **{m: grpc.unary_unary_rpc_method_handler(h) for m, h in (unary or {}).items()},
             **{m: grpc.unary_stream_rpc_method_handler(h) for m, h in (streams or {}).items()},
@@ -278,7 +278,7 @@ def test_abort_gives_its_code_and_details_and_ok_becomes_unknown(serve: Serve) -
     assert error.details() == "claim uid-1: no such device"
     error = failure(lambda: served.unary("Abort", b"OK"))
     assert error.code() == grpc.StatusCode.UNKNOWN
-    assert error.details() == "claim uid-1: no such device"
+    assert error.details() == ""  # as grpc.server: an abort with OK is no status to send
 
 
 def test_a_request_that_fails_to_decode_gives_internal(serve: Serve) -> None:
@@ -443,7 +443,7 @@ def test_a_stream_that_aborts_midway_gives_its_status_after_its_messages(serve: 
     assert next(call) == b"only"
     error = failure(lambda: next(call))
     assert error.code() == grpc.StatusCode.UNKNOWN
-    assert error.details() == "Exception calling application: nvml gone"
+    assert error.details() == "Exception iterating responses: nvml gone"  # as grpc.server
 
 
 # -- 6. one thread always polls; spare threads end ------------------------------------------
@@ -496,11 +496,18 @@ def test_threads_beyond_the_spare_pollers_end_once_idle(serve: Serve) -> None:
         barrier.wait()
         return b""
 
-    served = serve({"Meet": meet}, max_threads=count)
+    served = serve({"Meet": meet}, max_threads=count, spare_idle=0.5)
     assert served.server.threads_started == SPARE_POLLERS
     futures = [served.unary_future("Meet") for _ in range(count)]
     assert [f.result(WAIT) for f in futures] == [b""] * count
     assert served.server.threads_started >= count + 1
+    # A burst right after reuses the threads of the one before: none start.
+    started = served.server.threads_started
+    for _ in range(3):
+        futures = [served.unary_future("Meet") for _ in range(count)]
+        assert [f.result(WAIT) for f in futures] == [b""] * count
+    assert served.server.threads_started == started
+    assert served.live_threads() >= count
     deadline = time.monotonic() + WAIT
     while served.live_threads() > SPARE_POLLERS + 1 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -636,3 +643,95 @@ def test_with_the_core_api_the_daemon_serves_with_a_call_server(socket_dir: Path
     finally:
         assert server.stop(None).wait(WAIT)
         assert waiter.close(WAIT)
+
+
+# -- 9. what grpc.server does that the review found missing -----------------------------------
+
+
+def test_a_socket_it_cannot_bind_is_an_error_not_a_silent_server(socket_dir: Path) -> None:
+    server = CallServer(1)
+    try:
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            server.add_insecure_port(f"unix:{socket_dir}/missing/dra.sock")
+    finally:
+        server.stop(None)
+    with pytest.raises(plugin_server.ServerStartError, match="cannot listen"):
+        plugin_server._serve_calls(socket_dir / "missing" / "dra.sock", [], 1)
+
+
+def test_a_call_cancelled_while_it_waited_for_a_thread_runs_no_handler(serve: Serve) -> None:
+    entered, release = threading.Event(), threading.Event()
+    ran: list[bytes] = []
+
+    def work(request: bytes, context: Any) -> bytes:
+        ran.append(request)
+        if request == b"busy":
+            entered.set()
+            release.wait(WAIT)
+        return b"done"
+
+    served = serve({"Work": work}, max_threads=1)
+    busy = served.unary_future("Work", b"busy")
+    assert entered.wait(WAIT)
+    late = served.unary_future("Work", b"late", timeout=0.3)
+    assert late.exception(WAIT).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    release.set()
+    assert busy.result(WAIT) == b"done"
+    assert served.unary("Work", b"next") == b"done"  # the thread is back
+    assert ran == [b"busy", b"next"]
+
+
+def test_a_response_that_is_not_bytes_ends_the_call_at_once(serve: Serve) -> None:
+    def nothing(request: bytes, context: Any) -> None:
+        return None
+
+    def nothings(request: bytes, context: Any) -> Iterator[None]:
+        yield None
+
+    served = serve({"Nothing": nothing}, streams={"Nothings": nothings})
+    error = failure(lambda: served.unary("Nothing", timeout=3))
+    assert error.code() == grpc.StatusCode.INTERNAL
+    error = failure(lambda: list(served.stream("Nothings", timeout=3)))
+    assert error.code() == grpc.StatusCode.INTERNAL
+
+
+def test_a_handler_ending_its_thread_leaves_the_server_serving(serve: Serve) -> None:
+    def leave(request: bytes, context: Any) -> bytes:
+        raise SystemExit("the handler's thread ends")
+
+    served = serve({"Leave": leave, "Echo": echo}, max_threads=1)
+    for _ in range(3):
+        error = failure(lambda: served.unary("Leave", timeout=3))
+        assert error.code() == grpc.StatusCode.UNKNOWN
+        assert served.unary("Echo", b"x", timeout=3) == b"echo:x"
+
+
+def test_a_handler_lookup_that_fails_answers_unknown_and_the_call_ends(serve: Serve) -> None:
+    class Broken(grpc.GenericRpcHandler):  # type: ignore[misc]
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+            raise LookupError("a broken generic handler")
+
+    served = serve({"Echo": echo}, generic=(Broken(),))
+    error = failure(lambda: served.unary("Other", timeout=3))
+    assert error.code() == grpc.StatusCode.UNKNOWN
+    assert error.details() == "Error in service handler!"
+    # The fixture's stop then finds no call left behind: its event is set and threads end.
+
+
+def test_the_code_and_details_a_handler_sets_are_the_calls_status(serve: Serve) -> None:
+    def missing(request: bytes, context: Any) -> bytes:
+        context.set_code(grpc.StatusCode.NOT_FOUND)
+        context.set_details("claim uid-1 is not prepared")
+        return b""
+
+    served = serve({"Missing": missing})
+    error = failure(lambda: served.unary("Missing"))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert error.details() == "claim uid-1 is not prepared"
+
+
+def test_close_right_after_stop_is_true_when_no_handler_runs(serve: Serve) -> None:
+    served = serve({"Echo": echo})
+    assert served.unary("Echo", b"x") == b"echo:x"
+    assert served.server.stop(None).wait(WAIT)
+    assert served.server.close(0.0)
