@@ -19,9 +19,10 @@ It serves what the node daemon registers: unary-unary and unary-stream methods, 
 the same ``add_to_server`` code as ``grpc.server``; handlers get a context with
 ``is_active``, ``abort``, ``set_code``, ``set_details``, ``add_callback``,
 ``time_remaining``, ``invocation_metadata`` and ``peer``; statuses are those
-``grpc.server`` sends. Anything else is UNIMPLEMENTED. It is built on ``grpc._cython.cygrpc``, the layer
-grpcio's own servers are built on; :func:`available` says whether the installed grpcio has
-what it needs (if not, the daemon uses gRPC's synchronous server).
+``grpc.server`` sends. Anything else is UNIMPLEMENTED. It is built on
+``grpc._cython.cygrpc``, the layer grpcio's own servers are built on; :func:`available`
+says whether the installed grpcio has what it needs (if not, the daemon uses gRPC's
+synchronous server).
 """
 
 from __future__ import annotations
