@@ -46,14 +46,22 @@ async def main_async(args: argparse.Namespace) -> None:
                     await _prepare_ok(kubelet, [ref])
                     await _unprepare(kubelet, [ref])
                 prepare, unprepare = [], []
-                cpu = cpu_seconds(daemon.process.pid)
+                pid = daemon.process.pid
+                cpu = cpu_prepare = cpu_unprepare = 0.0
                 for ref in refs[WARM_UP:]:
+                    before = cpu_seconds(pid)
                     prepare.append(await _prepare_ok(kubelet, [ref]))
+                    middle = cpu_seconds(pid)
                     unprepare.append(await _unprepare(kubelet, [ref]))
-                cpu = cpu_seconds(daemon.process.pid) - cpu
+                    after = cpu_seconds(pid)
+                    cpu_prepare += middle - before
+                    cpu_unprepare += after - middle
+                    cpu += after - before
             print(summary("prepare, 1 claim per call", prepare))
             print(summary("unprepare, 1 claim per call", unprepare))
-            print(f"daemon CPU per pair: {cpu / args.pairs * 1000:.2f} ms")
+            print(f"daemon CPU per pair: {cpu / args.pairs * 1000:.2f} ms; per prepare "
+                  f"{cpu_prepare / args.pairs * 1000:.2f} ms, per unprepare "
+                  f"{cpu_unprepare / args.pairs * 1000:.2f} ms")
         finally:
             daemon.stop()
             shutil.rmtree(daemon.base, ignore_errors=True)
