@@ -212,11 +212,11 @@ def _published(api: RemoteApi, node: str) -> int:
     return 0
 
 
-async def until_published(api: RemoteApi, node: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+async def until_published(api: RemoteApi, node: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
     while not _published(api, node):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the slices of {node} were not published in {timeout:.0f} s")
+            raise TimeoutError(f"the slices of {node} were not published in {seconds:.0f} s")
         await asyncio.sleep(0.01)
 
 
