@@ -545,10 +545,7 @@ class _Call:
         except Exception:
             log.exception("cannot start a gRPC batch", method=self.method)
             with self._changed:
-                self._closed = True
-                self._batches -= 1
-                self._changed.notify_all()
-                ended = self._ended()
+                ended = self._completed(close=True)
             if ended:
                 self._server._call_ended(self)
 
@@ -558,14 +555,13 @@ class _Call:
         data = event.batch_operations[0].message()
         status = None
         with self._changed:
-            self._batches -= 1
+            ended = self._completed()
             closed = self._closed
             if data is None and not closed:
                 self._batches += 1
                 status = self._status(
                     grpc.StatusCode.UNIMPLEMENTED,
                     f'"{self.method}" requires exactly one request message.', None)
-            ended = self._ended()
         if status is not None:
             self._start(status, self._on_sent)
         if ended:
@@ -576,20 +572,15 @@ class _Call:
     def _on_sent(self, event: Any) -> Job | None:
         with self._changed:
             self._sending = False
-            self._batches -= 1
-            self._changed.notify_all()
-            ended = self._ended()
+            ended = self._completed()
         if ended:
             self._server._call_ended(self)
         return None
 
     def _on_close(self, event: Any) -> Job | None:
         with self._changed:
-            self._closed = True
-            self._batches -= 1
             callbacks, self._callbacks = self._callbacks, []
-            self._changed.notify_all()
-            ended = self._ended()
+            ended = self._completed(close=True)
         for callback in callbacks:
             try:
                 callback()
@@ -598,6 +589,15 @@ class _Call:
         if ended:
             self._server._call_ended(self)
         return None
+
+    def _completed(self, *, close: bool = False) -> bool:
+        """Count one batch as done (``close``: the call ended with it) and wake whoever
+        waits on the call; then :meth:`_ended` (under ``self._changed``)."""
+        self._batches -= 1
+        if close:
+            self._closed = True
+        self._changed.notify_all()
+        return self._ended()
 
     def _ended(self) -> bool:
         """Whether nothing of this call is pending in gRPC any more, the first time it is
