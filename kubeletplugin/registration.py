@@ -11,6 +11,8 @@ publishes (:mod:`.publish_gate`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,7 +62,8 @@ class RegistrationState:
 
 
 class RegistrationServicer(registration_pb2_grpc.RegistrationServicer):
-    """Answers the kubelet's plugin watcher."""
+    """Answers the kubelet's plugin watcher, in the server's call threads; what the
+    kubelet says goes to ``state`` on ``loop``."""
 
     def __init__(
         self,
@@ -68,18 +71,26 @@ class RegistrationServicer(registration_pb2_grpc.RegistrationServicer):
         endpoint: str,
         versions: Sequence[str],
         state: RegistrationState,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._driver_name = driver_name
         self._endpoint = endpoint
         self._versions = tuple(versions)
         self._state = state
+        self._loop = loop
 
     def add_to_server(self, server: Any) -> None:
-        """Register on a ``grpc.aio.Server``."""
+        """Register on a synchronous server (``grpc.Server`` or ``CallServer``)."""
         registration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             self, server)
 
-    async def GetInfo(
+    def _record(self, *, registered: bool, error: str | None) -> None:
+        # The state's events belong to the loop. A closed loop: the daemon is exiting.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(
+                functools.partial(self._state.record, registered=registered, error=error))
+
+    def GetInfo(
         self, request: registration_pb2.InfoRequest, context: Any
     ) -> registration_pb2.PluginInfo:
         return registration_pb2.PluginInfo(
@@ -89,18 +100,18 @@ class RegistrationServicer(registration_pb2_grpc.RegistrationServicer):
             supported_versions=self._versions,
         )
 
-    async def NotifyRegistrationStatus(
+    def NotifyRegistrationStatus(
         self, request: registration_pb2.RegistrationStatus, context: Any
     ) -> registration_pb2.RegistrationStatusResponse:
         if request.plugin_registered:
-            self._state.record(registered=True, error=None)
+            self._record(registered=True, error=None)
             log.info("registered with the kubelet", driver=self._driver_name,
                      endpoint=self._endpoint)
             return registration_pb2.RegistrationStatusResponse()
         error = request.error or "no reason given"
-        self._state.record(registered=False, error=error)
+        self._record(registered=False, error=error)
         log.error("kubelet rejected the registration", driver=self._driver_name,
                   endpoint=self._endpoint, error=error)
         # Like the Go helper: a plain error, which gRPC reports as UNKNOWN.
-        await context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {error}")
+        context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {error}")
         raise AssertionError("unreachable: context.abort raises")

@@ -3,9 +3,11 @@
 On the DRA socket each kubelet call runs from request to answer in one thread, device work
 included: the thread that polled its request from gRPC's completion queue
 (:mod:`.core_server`), or, with a grpcio lacking that core API, one of the synchronous
-server's call threads (:mod:`.call_threads`). The registration
-socket is ``grpc.aio`` on the event loop: it answers while start-up runs and feeds the
-loop's registration state.
+server's call threads (:mod:`.call_threads`). The registration socket has a server of its
+own (it stops first, below) on the DRA server's completion queue and threads: another
+queue's threads would take part in polling the DRA socket (see
+:class:`.core_server.CallQueue`). Its answers do not wait for start-up, and what the
+kubelet tells it goes to the event loop's registration state.
 
 Start order matters: the DRA server listens before the registration socket appears, so the
 kubelet never sees a registration whose endpoint does not answer. Stop order is the
@@ -38,6 +40,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_STOP_GRACE = 5.0
 STOP_EVENT_MARGIN = 1.0
 """Seconds past the grace a stop waits for gRPC to say every call ended."""
+REGISTRATION_THREADS = 2
+"""Threads of the registration socket's server beside gRPC's synchronous server (else it
+shares the DRA server's)."""
 DEFAULT_WORK_WAIT = 5.0
 """At stop, after the grace period: how long call threads still working (a MIG create, an
 MPS start) may finish before the daemon goes on without them."""
@@ -49,8 +54,8 @@ calls stuck on busy GPUs can still keep a new stream waiting for a thread)."""
 
 
 class Servicer(Protocol):
-    """Something that registers its gRPC service(s) on a ``grpc.Server`` (DRA socket:
-    synchronous handlers) or a ``grpc.aio.Server`` (registration socket)."""
+    """Something that registers its gRPC service(s), with synchronous handlers, on a
+    ``grpc.Server`` or a :class:`.core_server.CallServer`."""
 
     def add_to_server(self, server: Any) -> None: ...
 
@@ -104,6 +109,7 @@ class PluginServer:
         self._dra_server: Any = None
         self._call_threads: CallWaiter | None = None
         self._registration_server: Any = None
+        self._registration_threads: CallWaiter | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._calls_finished = True
 
@@ -159,9 +165,11 @@ class PluginServer:
             CALL_THREADS + (self._health.max_streams if self._health is not None else 0))
         self._calls_finished = False  # until a stop has seen them end
         registration = RegistrationServicer(
-            self._driver_name, str(self._dra_socket), self._versions, self._registration)
+            self._driver_name, str(self._dra_socket), self._versions, self._registration,
+            asyncio.get_running_loop())
         try:
-            self._registration_server = await _serve(self._registration_socket, [registration])
+            self._registration_server, self._registration_threads = _serve_registration(
+                self._registration_socket, [registration], beside=self._dra_server)
         except BaseException:
             await self._stop_calls(self._dra_server, grace=None, work_wait=0.0)
             self._dra_server = None
@@ -186,10 +194,12 @@ class PluginServer:
 
     async def _stop(self, grace: float | None, work_wait: float) -> None:
         registration_server, self._registration_server = self._registration_server, None
+        registration_threads, self._registration_threads = self._registration_threads, None
         dra_server, self._dra_server = self._dra_server, None
         try:
             if registration_server is not None:
-                await _shutdown(registration_server, self._registration_socket, grace=None)
+                await _shutdown(registration_server, self._registration_socket,
+                                registration_threads)
             self._registration.record(registered=False, error=None)
         finally:
             if dra_server is not None:
@@ -228,20 +238,6 @@ class PluginServer:
         await self.stop()
 
 
-async def _serve(socket: Path, servicers: Sequence[Servicer]) -> Any:
-    """A started ``grpc.aio`` server listening on ``socket`` (stale file removed first)."""
-    _remove_stale(socket)
-    # Created here, inside a coroutine, so the server belongs to the running loop.
-    server = grpc.aio.server()
-    try:
-        _listen(server, socket, servicers)
-    except ServerStartError:
-        await server.stop(None)
-        raise
-    await server.start()
-    return server
-
-
 def _serve_calls(socket: Path, servicers: Sequence[Servicer], max_threads: int,
                  ) -> tuple[Any, CallWaiter]:
     """A started gRPC server on ``socket`` running up to ``max_threads`` calls at once, and
@@ -266,6 +262,29 @@ def _serve_calls(socket: Path, servicers: Sequence[Servicer], max_threads: int,
     return server, waiter
 
 
+def _serve_registration(socket: Path, servicers: Sequence[Servicer], *, beside: Any,
+                        ) -> tuple[Any, CallWaiter | None]:
+    """A started server on ``socket`` on the completion queue and threads of ``beside`` (a
+    :class:`.core_server.CallServer`), and None: its threads are ``beside``'s. Beside
+    gRPC's synchronous server, one of those with two threads of its own, and them."""
+    _remove_stale(socket)
+    waiter: CallWaiter | None = None
+    if isinstance(beside, core_server.CallServer):
+        server: Any = core_server.CallServer(queue=beside.queue)
+    else:
+        waiter = threads = CallThreads(REGISTRATION_THREADS, name="gpudra-registration")
+        server = grpc.server(threads)
+    try:
+        _listen(server, socket, servicers)
+    except ServerStartError:
+        server.stop(None)
+        if waiter is not None:
+            waiter.close(0.0)
+        raise
+    server.start()
+    return server, waiter
+
+
 def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
     """Register ``servicers`` on ``server`` (either kind) and bind it to ``socket``."""
     for servicer in servicers:
@@ -276,9 +295,15 @@ def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
         raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
 
 
-async def _shutdown(server: Any, socket: Path, *, grace: float | None) -> None:
+async def _shutdown(server: Any, socket: Path, threads: CallWaiter | None) -> None:
+    """Stop a server at once, its socket removed; bounded waits for its calls to end and
+    for its own ``threads``, if any."""
     try:
-        await server.stop(grace)
+        stopped = server.stop(None)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, stopped.wait, STOP_EVENT_MARGIN)
+        if threads is not None:
+            await loop.run_in_executor(None, threads.close, STOP_EVENT_MARGIN)
     finally:
         _remove(socket)
 

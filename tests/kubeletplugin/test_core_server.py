@@ -5,6 +5,7 @@ and the fallback to gRPC's synchronous server."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shutil
 import tempfile
@@ -20,12 +21,13 @@ import grpc
 import pytest
 from grpc._cython import cygrpc
 
-from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, registration_pb2, registration_pb2_grpc
 from gpudra.kubeletplugin import core_server
 from gpudra.kubeletplugin import server as plugin_server
 from gpudra.kubeletplugin.call_threads import CallThreads
-from gpudra.kubeletplugin.core_server import SPARE_POLLERS, CallServer
+from gpudra.kubeletplugin.core_server import SPARE_POLLERS, CallQueue, CallServer
 from gpudra.kubeletplugin.dra_service import ClaimCalls, DraV1Servicer
+from gpudra.kubeletplugin.registration import RegistrationServicer, RegistrationState
 from tests.kubeletplugin.conftest import TestPreparer
 
 SERVICE = "test.Core"
@@ -85,9 +87,10 @@ def serve(socket_dir: Path) -> Iterator[Serve]:
               handlers: dict[str, grpc.RpcMethodHandler] | None = None,
               registered: dict[str, grpc.RpcMethodHandler] | None = None,
               generic: tuple[grpc.GenericRpcHandler, ...] = (),
-              max_threads: int = 4, spare_idle: float = core_server.SPARE_IDLE) -> Served:
+              max_threads: int = 4, spare_idle: float = core_server.SPARE_IDLE,
+              queue: CallQueue | None = None) -> Served:
         name = f"core-test-{next(_names)}"
-        server = CallServer(max_threads, name=name, spare_idle=spare_idle)
+        server = CallServer(max_threads, name=name, spare_idle=spare_idle, queue=queue)
         methods: dict[str, grpc.RpcMethodHandler] = {
             **{m: grpc.unary_unary_rpc_method_handler(h) for m, h in (unary or {}).items()},
             **{m: grpc.unary_stream_rpc_method_handler(h) for m, h in (streams or {}).items()},
@@ -107,9 +110,11 @@ def serve(socket_dir: Path) -> Iterator[Serve]:
     try:
         yield start
     finally:
+        # All stopped before any is closed: servers sharing a queue end its threads together.
         for served in started:
             served.channel.close()
             assert served.server.stop(None).wait(WAIT)
+        for served in started:
             assert served.server.close(WAIT), "a call's thread outlived the test"
 
 
@@ -599,6 +604,41 @@ def test_at_least_one_thread() -> None:
         CallServer(0)
 
 
+# -- 7b. servers sharing one queue -------------------------------------------------------------
+
+
+def test_two_servers_on_one_queue_are_served_by_its_threads_and_stop_apart(
+        serve: Serve) -> None:
+    first = serve({"Where": where})
+    second = serve({"Where": where, "Echo": echo}, queue=first.server.queue)
+    assert second.server.queue is first.server.queue
+    assert second.unary("Where").decode().startswith(f"{first.name}-")
+    assert first.unary("Where").decode().startswith(f"{first.name}-")
+    threads = first.live_threads()
+
+    assert first.server.stop(None).wait(WAIT)
+    assert failure(lambda: first.unary("Where", timeout=1.0)).code() \
+        == grpc.StatusCode.UNAVAILABLE
+    # The queue serves on while a server on it runs: same threads, none ended.
+    assert second.unary("Echo", b"on") == b"echo:on"
+    assert first.live_threads() == threads
+
+    assert second.server.stop(None).wait(WAIT)
+    assert first.server.close(WAIT) and first.live_threads() == 0
+
+
+def test_a_server_on_a_shared_queue_stopped_before_start_lets_the_queue_end(
+        serve: Serve) -> None:
+    first = serve({"Echo": echo})
+    never = CallServer(queue=first.server.queue)
+    assert never.stop(None).is_set()
+    assert first.unary("Echo", b"x") == b"echo:x"
+    assert first.server.stop(None).wait(WAIT)
+    assert first.server.close(WAIT) and first.live_threads() == 0
+    with pytest.raises(RuntimeError, match="shut down"):
+        CallServer(queue=first.server.queue)
+
+
 # -- 8. the fallback to gRPC's synchronous server --------------------------------------------
 
 
@@ -607,7 +647,8 @@ def test_the_installed_grpcio_has_the_core_api() -> None:
 
 
 def test_without_the_core_api_the_daemon_serves_with_grpcs_synchronous_server(
-        socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        socket_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        registration: RegistrationServicer) -> None:
     preparer = TestPreparer()
     socket = socket_dir / "dra.sock"
     with monkeypatch.context() as patch:
@@ -618,25 +659,54 @@ def test_without_the_core_api_the_daemon_serves_with_grpcs_synchronous_server(
             CallServer(1)
         server, waiter = plugin_server._serve_calls(
             socket, [DraV1Servicer(ClaimCalls(preparer))], 2)
+        reg_server, threads = plugin_server._serve_registration(
+            socket_dir / "reg.sock", [registration], beside=server)
     try:
         assert isinstance(server, grpc.Server) and isinstance(waiter, CallThreads)
         with grpc.insecure_channel(f"unix:{socket}") as channel:
             answer = prepare_one(channel)
         assert answer.claims["uid-1"].error == ""
+        assert isinstance(reg_server, grpc.Server) and isinstance(threads, CallThreads)
+        assert get_info(socket_dir / "reg.sock").name == "gpu.test"
     finally:
+        reg_server.stop(None).wait(WAIT)
         server.stop(None).wait(WAIT)
-        assert waiter.close(WAIT)
+        assert waiter.close(WAIT) and threads is not None and threads.close(WAIT)
 
 
-def test_with_the_core_api_the_daemon_serves_with_a_call_server(socket_dir: Path) -> None:
+def test_with_the_core_api_the_daemon_serves_with_a_call_server(
+        socket_dir: Path, registration: RegistrationServicer) -> None:
     socket = socket_dir / "dra.sock"
     server, waiter = plugin_server._serve_calls(
         socket, [DraV1Servicer(ClaimCalls(TestPreparer()))], 2)
+    reg_server, threads = plugin_server._serve_registration(
+        socket_dir / "reg.sock", [registration], beside=server)
     try:
         assert isinstance(server, CallServer) and waiter is server
+        # The registration socket is served from the DRA server's queue and threads.
+        assert isinstance(reg_server, CallServer) and threads is None
+        assert reg_server.queue is server.queue
+        assert get_info(socket_dir / "reg.sock").endpoint == "/dra.sock"
     finally:
+        assert reg_server.stop(None).wait(WAIT)
         assert server.stop(None).wait(WAIT)
         assert waiter.close(WAIT)
+
+
+@pytest.fixture
+def registration() -> Iterator[RegistrationServicer]:
+    # GetInfo records nothing on the loop, which therefore never runs.
+    loop = asyncio.new_event_loop()
+    try:
+        yield RegistrationServicer("gpu.test", "/dra.sock", ("v1",), RegistrationState(), loop)
+    finally:
+        loop.close()
+
+
+def get_info(socket: Path) -> Any:
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        stub = registration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        return stub.GetInfo(registration_pb2.InfoRequest(), timeout=WAIT)
 
 
 # -- 9. what grpc.server does that the review found missing -----------------------------------
