@@ -95,3 +95,51 @@ async def test_with_an_exec_plugin_the_first_get_goes_through_the_loop_later_one
         worker.start()
         worker.join(5.0)  # this thread is the loop's, and it does not run meanwhile
         assert answers and answers[0][second.uid].error is None  # type: ignore[index]
+
+
+class Recorder:
+    """A prepare observer that notes what it is told, in which thread; ``broken``: it
+    raises on that claim's news (a bug) and still notes it."""
+
+    def __init__(self, broken: str = "") -> None:
+        self.told: list[tuple[str, str]] = []
+        self.all_told = asyncio.Event()  # five pieces of news
+        self.threads: set[int] = set()
+        self.broken = broken
+
+    def prepared(self, ref: ClaimRef, devices: object, claim: object) -> None:
+        self._note("prepared", ref)
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        self._note("unprepared", ref)
+
+    def _note(self, what: str, ref: ClaimRef) -> None:
+        self.told.append((what, ref.name))
+        self.threads.add(threading.get_ident())
+        if len(self.told) == 5:
+            self.all_told.set()
+        if ref.name == self.broken:
+            raise RuntimeError("observer bug")
+
+
+async def test_the_observers_get_a_burst_of_calls_news_in_order_on_the_loop(
+        node: SimNode, fake_api: FakeApiServer):  # noqa: F811
+    loop = asyncio.get_running_loop()
+    recorder = Recorder(broken="c1")
+    async with ApiSession.for_url(fake_api.url) as session:
+        preparer = Preparer(driver=DRIVER, fetcher=ClaimFetcher(session, timeout=2.0),
+                            state=node.state, loop=loop, observer=recorder)
+        refs = [stored(fake_api, f"c{i}", f"gpu-{i}") for i in range(3)]
+
+        def calls() -> None:
+            for ref in refs:
+                assert preparer.prepare([ref])[ref.uid].error is None
+            assert preparer.unprepare(refs[:2]) == {refs[0].uid: None, refs[1].uid: None}
+
+        await asyncio.to_thread(calls)
+        await asyncio.wait_for(recorder.all_told.wait(), 5.0)
+    # Every call's news, in call order, on the loop's thread; c1's observer bug (logged)
+    # did not stop the news after it.
+    assert recorder.told == [("prepared", "c0"), ("prepared", "c1"), ("prepared", "c2"),
+                             ("unprepared", "c0"), ("unprepared", "c1")]
+    assert recorder.threads == {threading.get_ident()}
