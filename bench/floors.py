@@ -7,7 +7,9 @@ Each line is a cost the node daemon pays on its hot path and does not control:
 - a unary gRPC call over a unix socket between two Python processes (the client is
   grpc.aio, as the kubelet emulator; the server the daemon's :class:`CallServer`, and
   gRPC's synchronous server for comparison), with a handler that does nothing: round
-  trip p50 and the server's CPU per call;
+  trip p50 and the server's CPU per call. The server side imports grpc with the node
+  daemon's settings (:mod:`gpudra.kubeletplugin.grpc_env`) unless ``--grpc-defaults``;
+  the client always has gRPC's defaults;
 - a durable checkpoint commit of a 2 KiB file (write a temporary file, fsync, rename, fsync
   the directory) on the checkpoint's disk (``--dir``, default /tmp) and on tmpfs: what a
   compaction costs;
@@ -154,7 +156,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp"),
                         help="a directory on the disk the checkpoint lives on")
+    parser.add_argument("--grpc-defaults", action="store_true",
+                        help="serve with gRPC's default settings, not the node daemon's")
     args = parser.parse_args()
+    if not args.grpc_defaults:
+        from gpudra.kubeletplugin import grpc_env
+
+        grpc_env.import_grpc()
+    settings = "gRPC's defaults" if args.grpc_defaults else "the daemon's gRPC settings"
+    print(f"server with {settings}")
     for kind, name in (("core", "CallServer"), ("sync", "grpc.server")):
         round_trip, server_cpu = grpc_floor(args.calls, kind)
         print(f"gRPC unary call, Python to Python over a unix socket, no work, {name}: "
