@@ -21,6 +21,7 @@ from bench.node_daemon import (
     cdi_on_tmpfs,
     cpu_seconds,
     make_claim,
+    pct,
     summary,
 )
 from bench.preamble import preamble
@@ -29,6 +30,14 @@ from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import Daemon
 
 WARM_UP = 20
+
+
+def handler_seconds(daemon: Daemon, method: str) -> list[float]:
+    """Each ``method`` call's time in the daemon's handler, in call order: the
+    ``duration_s`` of its "call done" log line, from the decoded request to that line (the
+    answer's message is built and encoded after it)."""
+    return [float(e["duration_s"]) for e in daemon.events()
+            if e.get("event") == "call done" and e.get("method") == method]
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -62,6 +71,12 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"daemon CPU per pair: {cpu / args.pairs * 1000:.2f} ms; per prepare "
                   f"{cpu_prepare / args.pairs * 1000:.2f} ms, per unprepare "
                   f"{cpu_unprepare / args.pairs * 1000:.2f} ms")
+            for method, took in (("v1.NodePrepareResources", prepare),
+                                 ("v1.NodeUnprepareResources", unprepare)):
+                inside = handler_seconds(daemon, method)[-args.pairs:]
+                if inside:
+                    print(f"{method}: in the daemon's handler p50 {pct(inside, 50) * 1000:.2f} ms"
+                          f" of {pct(took, 50) * 1000:.2f} ms (the rest: gRPC, both sides)")
         finally:
             daemon.stop()
             shutil.rmtree(daemon.base, ignore_errors=True)
