@@ -252,13 +252,7 @@ def _serve_calls(socket: Path, servicers: Sequence[Servicer], max_threads: int,
                     "synchronous server (about 0.15 ms more per call)")
         waiter = threads = CallThreads(max_threads)
         server = grpc.server(threads)  # any Executor serves: gRPC only calls submit()
-    try:
-        _listen(server, socket, servicers)
-    except ServerStartError:
-        server.stop(None)
-        waiter.close(0.0)
-        raise
-    server.start()
+    _start(server, waiter, socket, servicers)
     return server, waiter
 
 
@@ -274,15 +268,22 @@ def _serve_registration(socket: Path, servicers: Sequence[Servicer], *, beside: 
     else:
         waiter = threads = CallThreads(REGISTRATION_THREADS, name="gpudra-registration")
         server = grpc.server(threads)
+    _start(server, waiter, socket, servicers)
+    return server, waiter
+
+
+def _start(server: Any, threads: CallWaiter | None, socket: Path,
+           servicers: Sequence[Servicer]) -> None:
+    """Start ``server`` serving ``servicers`` on ``socket``; if it cannot listen, stop it
+    and its own ``threads`` (if any) before the error goes on."""
     try:
         _listen(server, socket, servicers)
     except ServerStartError:
         server.stop(None)
-        if waiter is not None:
-            waiter.close(0.0)
+        if threads is not None:
+            threads.close(0.0)
         raise
     server.start()
-    return server, waiter
 
 
 def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
