@@ -53,6 +53,13 @@ def make_claim(api: RemoteApi, name: str, devices: list[str], *,
     return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
+def absent_claim(i: int) -> ClaimRef:
+    """A claim the daemon never held: its unprepare is the call's floor in the daemon (gRPC
+    on both sides, the checkpoint lookup, a CDI unlink that finds nothing, the log line),
+    timed beside the real calls so that both see the same machine state."""
+    return ClaimRef(namespace="default", name=f"absent-{i}", uid=f"absent-uid-{i}")
+
+
 @contextlib.contextmanager
 def cdi_on_tmpfs() -> Iterator[list[str]]:
     """``--cdi-root`` on tmpfs, as ``/var/run/cdi`` is on a node; removed afterwards."""
@@ -118,8 +125,8 @@ async def latency(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
                   args: argparse.Namespace) -> None:
     assert daemon.process is not None
     pid = daemon.process.pid
-    full, unprep = [], []
-    cpu_prepare = cpu_unprepare = 0.0
+    full, unprep, absent = [], [], []
+    cpu_prepare = cpu_unprepare = cpu_absent = 0.0
     cpu_before = cpu_seconds(pid)
     for i in range(args.claims):
         ref = make_claim(api, f"full-{i}", [f"gpu-{i % 8}"])
@@ -127,15 +134,20 @@ async def latency(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
         full.append(await _prepare_ok(kubelet, [ref]))
         middle = cpu_seconds(pid)
         unprep.append(await _unprepare(kubelet, [ref]))
+        after = cpu_seconds(pid)
+        absent.append(await _unprepare(kubelet, [absent_claim(i)]))
         cpu_prepare += middle - before
-        cpu_unprepare += cpu_seconds(pid) - middle
-    cpu = cpu_seconds(pid) - cpu_before
+        cpu_unprepare += after - middle
+        cpu_absent += cpu_seconds(pid) - after
+    cpu = cpu_seconds(pid) - cpu_before - cpu_absent
     print(summary("prepare, 1 full-GPU claim per call", full))
     print(summary("unprepare, 1 claim per call", unprep))
+    print(summary("unprepare, a claim never held (call floor)", absent))
     print(f"daemon CPU per prepare+unprepare pair: {cpu / args.claims * 1000:.2f} ms "
           f"({args.claims} pairs); during the prepare calls "
           f"{cpu_prepare / args.claims * 1000:.2f} ms, during the unprepare calls "
-          f"{cpu_unprepare / args.claims * 1000:.2f} ms")
+          f"{cpu_unprepare / args.claims * 1000:.2f} ms, during those of a claim never held "
+          f"{cpu_absent / args.claims * 1000:.2f} ms")
     await held_claims(api, kubelet, daemon, args.port)
     mig = []
     for i in range(args.claims):

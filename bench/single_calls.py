@@ -18,6 +18,7 @@ import shutil
 from bench.node_daemon import (
     _prepare_ok,
     _unprepare,
+    absent_claim,
     cdi_on_tmpfs,
     cpu_seconds,
     make_claim,
@@ -32,12 +33,14 @@ from tests.integration.daemon import Daemon
 WARM_UP = 20
 
 
-def handler_seconds(daemon: Daemon, method: str) -> list[float]:
+def handler_seconds(daemon: Daemon, method: str, *, absent: bool = False) -> list[float]:
     """Each ``method`` call's time in the daemon's handler, in call order: the
     ``duration_s`` of its "call done" log line, from the decoded request to that line (the
-    answer's message is built and encoded after it)."""
+    answer's message is built and encoded after it). ``absent``: only the unprepares of
+    claims never held (:func:`absent_claim`), else only the others."""
     return [float(e["duration_s"]) for e in daemon.events()
-            if e.get("event") == "call done" and e.get("method") == method]
+            if e.get("event") == "call done" and e.get("method") == method
+            and absent == any("/absent-" in c for c in e.get("unprepared", ()))]
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -54,29 +57,36 @@ async def main_async(args: argparse.Namespace) -> None:
                 for ref in refs[:WARM_UP]:
                     await _prepare_ok(kubelet, [ref])
                     await _unprepare(kubelet, [ref])
-                prepare, unprepare = [], []
+                prepare, unprepare, absent = [], [], []
                 pid = daemon.process.pid
-                cpu = cpu_prepare = cpu_unprepare = 0.0
-                for ref in refs[WARM_UP:]:
+                cpu_prepare = cpu_unprepare = 0.0
+                for i, ref in enumerate(refs[WARM_UP:]):
                     before = cpu_seconds(pid)
                     prepare.append(await _prepare_ok(kubelet, [ref]))
                     middle = cpu_seconds(pid)
+                    if args.gap_ms:
+                        await asyncio.sleep(args.gap_ms / 1000)
+                        middle = cpu_seconds(pid)
                     unprepare.append(await _unprepare(kubelet, [ref]))
-                    after = cpu_seconds(pid)
                     cpu_prepare += middle - before
-                    cpu_unprepare += after - middle
-                    cpu += after - before
+                    cpu_unprepare += cpu_seconds(pid) - middle
+                    absent.append(await _unprepare(kubelet, [absent_claim(i)]))
+            cpu = cpu_prepare + cpu_unprepare
             print(summary("prepare, 1 claim per call", prepare))
             print(summary("unprepare, 1 claim per call", unprepare))
+            print(summary("unprepare, a claim never held (call floor)", absent))
             print(f"daemon CPU per pair: {cpu / args.pairs * 1000:.2f} ms; per prepare "
                   f"{cpu_prepare / args.pairs * 1000:.2f} ms, per unprepare "
                   f"{cpu_unprepare / args.pairs * 1000:.2f} ms")
-            for method, took in (("v1.NodePrepareResources", prepare),
-                                 ("v1.NodeUnprepareResources", unprepare)):
-                inside = handler_seconds(daemon, method)[-args.pairs:]
+            for method, took, of_absent in (
+                    ("v1.NodePrepareResources", prepare, False),
+                    ("v1.NodeUnprepareResources", unprepare, False),
+                    ("v1.NodeUnprepareResources", absent, True)):
+                inside = handler_seconds(daemon, method, absent=of_absent)[-args.pairs:]
                 if inside:
-                    print(f"{method}: in the daemon's handler p50 {pct(inside, 50) * 1000:.2f} ms"
-                          f" of {pct(took, 50) * 1000:.2f} ms (the rest: gRPC, both sides)")
+                    print(f"{method}{' (never held)' if of_absent else ''}: in the daemon's "
+                          f"handler p50 {pct(inside, 50) * 1000:.2f} ms of "
+                          f"{pct(took, 50) * 1000:.2f} ms (the rest: gRPC, both sides)")
         finally:
             daemon.stop()
             shutil.rmtree(daemon.base, ignore_errors=True)
@@ -88,6 +98,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--cdi-tmpfs", action="store_true",
                         help="CDI specs on tmpfs, as /var/run/cdi is on a node")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="wait this long between a prepare's answer and the unprepare, "
+                             "so the unprepare does not meet the prepare's tail in the daemon")
     parser.add_argument("extra", nargs="*", metavar="DAEMON-ARG",
                         help="more arguments for the daemon (after --), e.g. --log-level warning")
     args = parser.parse_args()
