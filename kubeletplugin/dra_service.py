@@ -12,6 +12,7 @@ received it (:mod:`.core_server`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -101,7 +102,7 @@ class ClaimCalls:
                 outcome = answered.get(ref.uid) or PrepareOutcome(error=_no_result(ref))
             call.claim_done(ref, outcome.error, [d.device for d in outcome.devices])
             outcomes[ref.uid] = outcome
-        call.done("prepared")
+        call.done("prepared", context)
         return outcomes
 
     def unprepare(
@@ -121,15 +122,15 @@ class ClaimCalls:
                 error = _no_result(ref)
             call.claim_done(ref, error)
             errors[ref.uid] = error
-        call.done("unprepared")
+        call.done("unprepared", context)
         return errors
 
 
 class _Call:
     """One gRPC call: runs the preparer, turns its exceptions into INTERNAL, logs.
 
-    One info line per call, naming its claims and their devices, plus a warning per failed
-    claim; each line starts with the call's ``method`` and ``request_id``. The fields are
+    One info line per call, naming its claims and their devices (written once the call
+    ended: see :meth:`done`), plus a warning per failed claim; each line starts with the call's ``method`` and ``request_id``. The fields are
     passed per line, not bound: binding copies a logger for what is usually one line.
     """
 
@@ -180,14 +181,22 @@ class _Call:
         else:
             self._done[str(ref)] = list(devices)
 
-    def done(self, what: str) -> None:
+    def done(self, what: str, context: Any) -> None:
         """The call's line; ``what`` names the successful claims' field (``prepared``: claim
-        → its devices; ``unprepared``: the claims)."""
+        → its devices; ``unprepared``: the claims).
+
+        Written when the call has ended, not before its answer: rendering and writing the
+        line takes ~40 µs that the kubelet need not wait for (measured: unprepare p50
+        0.05-0.1 ms lower without the line). The fields, the duration too, are taken now.
+        """
         done: dict[str, list[str]] | list[str] = \
             self._done if what == "prepared" else list(self._done)
-        log.info("call done", method=self._method, request_id=self._request_id,
-                 claims=self._claim_count, failed=self._failed, duration_s=self._elapsed(),
-                 **{what: done})
+        line = functools.partial(
+            log.info, "call done", method=self._method, request_id=self._request_id,
+            claims=self._claim_count, failed=self._failed, duration_s=self._elapsed(),
+            **{what: done})
+        if not context.add_callback(line):  # it ended already (cancelled): write it now
+            line()
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self._started, 6)

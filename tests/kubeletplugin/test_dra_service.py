@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from typing import Any
 
 import grpc
 import pytest
@@ -135,6 +137,7 @@ async def test_calls_and_claims_are_logged(kubelet, preparer: TestPreparer):
     preparer.outcomes["uid-2"] = PrepareOutcome(error="no such device")
     with structlog.testing.capture_logs() as logs:
         await kubelet.prepare([claim(1), claim(2)])
+        await call_line(logs)
     by_event = {(entry["event"], entry.get("claim")): entry for entry in logs}
     done = by_event[("call done", None)]
     assert done["method"] == "v1.NodePrepareResources"
@@ -147,8 +150,49 @@ async def test_calls_and_claims_are_logged(kubelet, preparer: TestPreparer):
 
     with structlog.testing.capture_logs() as logs:
         await kubelet.unprepare([claim(1)])
+        await call_line(logs)
     [done] = logs
     assert done["event"] == "call done" and done["unprepared"] == ["ns/claim-1:uid-1"]
+
+
+async def call_line(logs: list[dict[str, Any]], timeout: float = 5.0) -> None:
+    """Wait for the call's line: it is written once the call ended, after the answer."""
+    deadline = time.monotonic() + timeout
+    while not any(entry["event"] == "call done" for entry in logs):
+        assert time.monotonic() < deadline, f"no call line in {logs}"
+        await asyncio.sleep(0.005)
+
+
+async def test_the_call_line_is_written_after_the_answer(kubelet, preparer: TestPreparer):
+    # While the line cannot be written, the kubelet still gets its answer: the line does
+    # not delay it. It is written afterwards, with the handler's own duration.
+    preparer.outcomes["uid-1"] = PrepareOutcome(devices=(gpu(1),))
+    writable = threading.Event()
+    lines: list[dict[str, Any]] = []
+
+    def held_back(_logger: Any, _method: str, entry: dict[str, Any]) -> dict[str, Any]:
+        if entry["event"] == "call done":
+            writable.wait(10)
+        lines.append(entry)
+        raise structlog.DropEvent
+
+    processors = structlog.get_config()["processors"]
+    saved = list(processors)
+    processors[:] = [held_back]  # in place, as capture_logs does: loggers may be cached
+    try:
+        for method in ("prepare", "unprepare"):
+            await asyncio.wait_for(getattr(kubelet, method)([claim(1)]), 5)
+            assert not lines  # answered, and its line not written yet
+            writable.set()
+            await call_line(lines)
+            [line] = lines
+            assert line["method"] == f"v1.Node{method.capitalize()}Resources"
+            assert 0 <= line["duration_s"] < 5
+            writable.clear()
+            lines.clear()
+    finally:
+        writable.set()
+        processors[:] = saved
 
 
 async def test_the_wire_messages_are_what_the_kubelet_decodes(server, preparer: TestPreparer):
