@@ -130,8 +130,9 @@ class _Call:
     """One gRPC call: runs the preparer, turns its exceptions into INTERNAL, logs.
 
     One info line per call, naming its claims and their devices (written once the call
-    ended: see :meth:`done`), plus a warning per failed claim; each line starts with the call's ``method`` and ``request_id``. The fields are
-    passed per line, not bound: binding copies a logger for what is usually one line.
+    ended: see :meth:`done`), plus a warning per failed claim; each line starts with the
+    call's ``method`` and ``request_id``. The fields are passed per line, not bound:
+    binding copies a logger for what is usually one line.
     """
 
     def __init__(self, method: str, request_id: int, claim_count: int) -> None:

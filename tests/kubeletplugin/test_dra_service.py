@@ -155,9 +155,9 @@ async def test_calls_and_claims_are_logged(kubelet, preparer: TestPreparer):
     assert done["event"] == "call done" and done["unprepared"] == ["ns/claim-1:uid-1"]
 
 
-async def call_line(logs: list[dict[str, Any]], timeout: float = 5.0) -> None:
+async def call_line(logs: list[dict[str, Any]]) -> None:
     """Wait for the call's line: it is written once the call ended, after the answer."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + 5.0
     while not any(entry["event"] == "call done" for entry in logs):
         assert time.monotonic() < deadline, f"no call line in {logs}"
         await asyncio.sleep(0.005)
