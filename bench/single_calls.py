@@ -99,8 +99,9 @@ def main() -> None:
     parser.add_argument("--cdi-tmpfs", action="store_true",
                         help="CDI specs on tmpfs, as /var/run/cdi is on a node")
     parser.add_argument("--gap-ms", type=float, default=0.0,
-                        help="wait this long between a prepare's answer and the unprepare, "
-                             "so the unprepare does not meet the prepare's tail in the daemon")
+                        help="wait this long between a prepare's answer and its unprepare, "
+                             "as a kubelet's calls are apart (on this VM a call after idle "
+                             "time costs about twice as much, whatever serves it)")
     parser.add_argument("extra", nargs="*", metavar="DAEMON-ARG",
                         help="more arguments for the daemon (after --), e.g. --log-level warning")
     args = parser.parse_args()
