@@ -53,8 +53,10 @@ SAMPLE_SECONDS = Histogram("gpudra_usage_sample_seconds", "Time of one usage sam
 class ClaimPods:
     """The pods each prepared claim is reserved for, as prepare saw them.
 
-    A :class:`~gpudra.kubeletplugin.preparer.PrepareObserver`. Claims prepared before a
-    daemon restart have no pods here until the kubelet prepares them again.
+    A :class:`~gpudra.kubeletplugin.preparer.PrepareObserver`, told in the call's thread
+    before the answer (the preparer's ``at_once``), so a sample never finds a prepared
+    claim here without its pods. Claims prepared before a daemon restart have no pods here
+    until the kubelet prepares them again.
     """
 
     def __init__(self) -> None:

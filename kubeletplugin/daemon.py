@@ -262,7 +262,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     runtime.state = state
     runtime.preparer = Preparer(driver=config.driver_name, fetcher=ClaimFetcher(api),
                                 state=state, loop=asyncio.get_running_loop(),
-                                observer=Observers(status, idle_events, pods))
+                                observer=Observers(status, idle_events), at_once=pods)
     starting.ready(runtime.preparer)
     if config.usage_interval > 0:
         runtime.usage = UsageSampler(

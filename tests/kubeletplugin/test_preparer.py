@@ -101,9 +101,10 @@ class Recorder:
     """A prepare observer that notes what it is told, in which thread; ``broken``: it
     raises on that claim's news (a bug) and still notes it."""
 
-    def __init__(self, broken: str = "") -> None:
+    def __init__(self, broken: str = "", expect: int = 5) -> None:
         self.told: list[tuple[str, str]] = []
-        self.all_told = asyncio.Event()  # five pieces of news
+        self.all_told = asyncio.Event()  # ``expect`` pieces of news (set on the loop only)
+        self.expect = expect
         self.threads: set[int] = set()
         self.broken = broken
 
@@ -116,7 +117,7 @@ class Recorder:
     def _note(self, what: str, ref: ClaimRef) -> None:
         self.told.append((what, ref.name))
         self.threads.add(threading.get_ident())
-        if len(self.told) == 5:
+        if len(self.told) == self.expect:
             self.all_told.set()
         if ref.name == self.broken:
             raise RuntimeError("observer bug")
@@ -143,3 +144,34 @@ async def test_the_observers_get_a_burst_of_calls_news_in_order_on_the_loop(
     assert recorder.told == [("prepared", "c0"), ("prepared", "c1"), ("prepared", "c2"),
                              ("unprepared", "c0"), ("unprepared", "c1")]
     assert recorder.threads == {threading.get_ident()}
+
+
+async def test_the_at_once_observer_knows_before_the_answer_in_the_calls_thread(
+        node: SimNode, fake_api: FakeApiServer):  # noqa: F811
+    # The usage sampler's pod labels: were they told later, a sample taken before would
+    # export the claim's series without its pod, then again with it.
+    loop = asyncio.get_running_loop()
+    at_once, later = Recorder(broken="c1", expect=0), Recorder(expect=3)
+    async with ApiSession.for_url(fake_api.url) as session:
+        preparer = Preparer(driver=DRIVER, fetcher=ClaimFetcher(session, timeout=2.0),
+                            state=node.state, loop=loop, observer=later, at_once=at_once)
+        refs = [stored(fake_api, f"c{i}", f"gpu-{i}") for i in range(2)]
+        seen: list[list[tuple[str, str]]] = []
+
+        def calls() -> int:
+            for ref in refs:
+                assert preparer.prepare([ref])[ref.uid].error is None
+                seen.append(list(at_once.told))
+            assert preparer.unprepare(refs[:1]) == {refs[0].uid: None}
+            seen.append(list(at_once.told))
+            return threading.get_ident()
+
+        caller = await asyncio.to_thread(calls)
+        await asyncio.wait_for(later.all_told.wait(), 5.0)
+    # Each call's news was there when the call returned (c1's observer bug did not fail
+    # its prepare); the loop's observer got the same news too.
+    assert seen == [[("prepared", "c0")],
+                    [("prepared", "c0"), ("prepared", "c1")],
+                    [("prepared", "c0"), ("prepared", "c1"), ("unprepared", "c0")]]
+    assert at_once.threads == {caller}
+    assert later.told == [("prepared", "c0"), ("prepared", "c1"), ("unprepared", "c0")]
