@@ -54,8 +54,9 @@ class ClaimPods:
     """The pods each prepared claim is reserved for, as prepare saw them.
 
     A :class:`~gpudra.kubeletplugin.preparer.PrepareObserver`, told in the call's thread
-    before the answer (the preparer's ``at_once``), so a sample never finds a prepared
-    claim here without its pods. Claims prepared before a daemon restart have no pods here
+    right after the device work, before the answer (the preparer's ``at_once``): a sample
+    finds a prepared claim without its pods only in the microseconds between the
+    checkpoint commit and that. Claims prepared before a daemon restart have no pods here
     until the kubelet prepares them again.
     """
 
