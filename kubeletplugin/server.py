@@ -198,8 +198,9 @@ class PluginServer:
         dra_server, self._dra_server = self._dra_server, None
         try:
             if registration_server is not None:
-                await _shutdown(registration_server, self._registration_socket,
-                                registration_threads)
+                await _stop_server(registration_server, self._registration_socket,
+                                   registration_threads, grace=None,
+                                   work_wait=STOP_EVENT_MARGIN)
             self._registration.record(registered=False, error=None)
         finally:
             if dra_server is not None:
@@ -210,20 +211,11 @@ class PluginServer:
         """Stop the DRA server, remove its socket, then wait for the call threads."""
         threads, self._call_threads = self._call_threads, None
         started = time.monotonic()
-        try:
-            stopped = server.stop(grace)  # a threading.Event, set once every RPC ended
-            # Bounded: gRPC sets it from its serving thread, which could be gone.
-            await asyncio.get_running_loop().run_in_executor(
-                None, stopped.wait, (grace or 0.0) + STOP_EVENT_MARGIN)
-        finally:
-            _remove(self._dra_socket)
-        if threads is not None:
-            # gRPC's cancellation at the end of the grace does not stop a call's thread.
-            self._calls_finished = await asyncio.get_running_loop().run_in_executor(
-                None, threads.close, work_wait)
-            if not self._calls_finished:
-                log.warning("kubelet calls still working after the stop's wait",
-                            waited_seconds=round(time.monotonic() - started, 1))
+        self._calls_finished = await _stop_server(server, self._dra_socket, threads,
+                                                  grace=grace, work_wait=work_wait)
+        if not self._calls_finished:
+            log.warning("kubelet calls still working after the stop's wait",
+                        waited_seconds=round(time.monotonic() - started, 1))
 
     async def __aenter__(self) -> PluginServer:
         await self.start()
@@ -296,17 +288,21 @@ def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
         raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
 
 
-async def _shutdown(server: Any, socket: Path, threads: CallWaiter | None) -> None:
-    """Stop a server at once, its socket removed; bounded waits for its calls to end and
-    for its own ``threads``, if any."""
+async def _stop_server(server: Any, socket: Path, threads: CallWaiter | None, *,
+                       grace: float | None, work_wait: float) -> bool:
+    """Stop ``server`` (its calls cancelled after ``grace``), remove its socket, then wait
+    up to ``work_wait`` seconds for its own ``threads``, if any; False if they still work."""
+    loop = asyncio.get_running_loop()
     try:
-        stopped = server.stop(None)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, stopped.wait, STOP_EVENT_MARGIN)
-        if threads is not None:
-            await loop.run_in_executor(None, threads.close, STOP_EVENT_MARGIN)
+        stopped = server.stop(grace)  # a threading.Event, set once every RPC ended
+        # Bounded: gRPC sets it from its serving thread, which could be gone.
+        await loop.run_in_executor(None, stopped.wait, (grace or 0.0) + STOP_EVENT_MARGIN)
     finally:
         _remove(socket)
+    if threads is None:
+        return True
+    # gRPC's cancellation at the end of the grace does not stop a call's thread.
+    return await loop.run_in_executor(None, threads.close, work_wait)
 
 
 def _remove(socket: Path) -> None:
