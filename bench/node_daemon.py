@@ -24,6 +24,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.preamble import preamble
@@ -121,33 +122,57 @@ async def _unprepare(kubelet: KubeletEmulator, refs: list[ClaimRef]) -> float:
     return time.perf_counter() - started
 
 
+@dataclass
+class Pairs:
+    """Single-claim prepare/unprepare pairs, each followed by the unprepare of a claim
+    never held (:func:`absent_claim`): each call's time and the daemon's CPU during each
+    kind, in seconds."""
+
+    prepare: list[float] = field(default_factory=list)
+    unprepare: list[float] = field(default_factory=list)
+    absent: list[float] = field(default_factory=list)
+    cpu_prepare: float = 0.0
+    cpu_unprepare: float = 0.0
+    cpu_absent: float = 0.0
+
+    async def run(self, kubelet: KubeletEmulator, pid: int, ref: ClaimRef, *,
+                  gap: float = 0.0) -> None:
+        """Time one pair, waiting ``gap`` seconds between the prepare and the unprepare
+        (not counted as the daemon's CPU of either)."""
+        before = cpu_seconds(pid)
+        self.prepare.append(await _prepare_ok(kubelet, [ref]))
+        middle = cpu_seconds(pid)
+        if gap:
+            await asyncio.sleep(gap)
+            middle = cpu_seconds(pid)
+        self.unprepare.append(await _unprepare(kubelet, [ref]))
+        after = cpu_seconds(pid)
+        self.absent.append(await _unprepare(kubelet, [absent_claim(len(self.absent))]))
+        self.cpu_prepare += middle - before
+        self.cpu_unprepare += after - middle
+        self.cpu_absent += cpu_seconds(pid) - after
+
+    def print_latencies(self, prepare: str) -> None:
+        print(summary(prepare, self.prepare))
+        print(summary("unprepare, 1 claim per call", self.unprepare))
+        print(summary("unprepare, a claim never held (call floor)", self.absent))
+
+
 async def latency(api: RemoteApi, kubelet: KubeletEmulator, daemon: Daemon,
                   args: argparse.Namespace) -> None:
     assert daemon.process is not None
     pid = daemon.process.pid
-    full, unprep, absent = [], [], []
-    cpu_prepare = cpu_unprepare = cpu_absent = 0.0
+    pairs = Pairs()
     cpu_before = cpu_seconds(pid)
     for i in range(args.claims):
-        ref = make_claim(api, f"full-{i}", [f"gpu-{i % 8}"])
-        before = cpu_seconds(pid)
-        full.append(await _prepare_ok(kubelet, [ref]))
-        middle = cpu_seconds(pid)
-        unprep.append(await _unprepare(kubelet, [ref]))
-        after = cpu_seconds(pid)
-        absent.append(await _unprepare(kubelet, [absent_claim(i)]))
-        cpu_prepare += middle - before
-        cpu_unprepare += after - middle
-        cpu_absent += cpu_seconds(pid) - after
-    cpu = cpu_seconds(pid) - cpu_before - cpu_absent
-    print(summary("prepare, 1 full-GPU claim per call", full))
-    print(summary("unprepare, 1 claim per call", unprep))
-    print(summary("unprepare, a claim never held (call floor)", absent))
+        await pairs.run(kubelet, pid, make_claim(api, f"full-{i}", [f"gpu-{i % 8}"]))
+    cpu = cpu_seconds(pid) - cpu_before - pairs.cpu_absent
+    pairs.print_latencies("prepare, 1 full-GPU claim per call")
     print(f"daemon CPU per prepare+unprepare pair: {cpu / args.claims * 1000:.2f} ms "
           f"({args.claims} pairs); during the prepare calls "
-          f"{cpu_prepare / args.claims * 1000:.2f} ms, during the unprepare calls "
-          f"{cpu_unprepare / args.claims * 1000:.2f} ms, during those of a claim never held "
-          f"{cpu_absent / args.claims * 1000:.2f} ms")
+          f"{pairs.cpu_prepare / args.claims * 1000:.2f} ms, during the unprepare calls "
+          f"{pairs.cpu_unprepare / args.claims * 1000:.2f} ms, during those of a claim never "
+          f"held {pairs.cpu_absent / args.claims * 1000:.2f} ms")
     await held_claims(api, kubelet, daemon, args.port)
     mig = []
     for i in range(args.claims):

@@ -16,14 +16,12 @@ import contextlib
 import shutil
 
 from bench.node_daemon import (
+    Pairs,
     _prepare_ok,
     _unprepare,
-    absent_claim,
     cdi_on_tmpfs,
-    cpu_seconds,
     make_claim,
     pct,
-    summary,
 )
 from bench.preamble import preamble
 from bench.remote_api import RemoteApi
@@ -57,31 +55,18 @@ async def main_async(args: argparse.Namespace) -> None:
                 for ref in refs[:WARM_UP]:
                     await _prepare_ok(kubelet, [ref])
                     await _unprepare(kubelet, [ref])
-                prepare, unprepare, absent = [], [], []
-                pid = daemon.process.pid
-                cpu_prepare = cpu_unprepare = 0.0
-                for i, ref in enumerate(refs[WARM_UP:]):
-                    before = cpu_seconds(pid)
-                    prepare.append(await _prepare_ok(kubelet, [ref]))
-                    middle = cpu_seconds(pid)
-                    if args.gap_ms:
-                        await asyncio.sleep(args.gap_ms / 1000)
-                        middle = cpu_seconds(pid)
-                    unprepare.append(await _unprepare(kubelet, [ref]))
-                    cpu_prepare += middle - before
-                    cpu_unprepare += cpu_seconds(pid) - middle
-                    absent.append(await _unprepare(kubelet, [absent_claim(i)]))
-            cpu = cpu_prepare + cpu_unprepare
-            print(summary("prepare, 1 claim per call", prepare))
-            print(summary("unprepare, 1 claim per call", unprepare))
-            print(summary("unprepare, a claim never held (call floor)", absent))
+                pairs = Pairs()
+                for ref in refs[WARM_UP:]:
+                    await pairs.run(kubelet, daemon.process.pid, ref, gap=args.gap_ms / 1000)
+            pairs.print_latencies("prepare, 1 claim per call")
+            cpu = pairs.cpu_prepare + pairs.cpu_unprepare
             print(f"daemon CPU per pair: {cpu / args.pairs * 1000:.2f} ms; per prepare "
-                  f"{cpu_prepare / args.pairs * 1000:.2f} ms, per unprepare "
-                  f"{cpu_unprepare / args.pairs * 1000:.2f} ms")
+                  f"{pairs.cpu_prepare / args.pairs * 1000:.2f} ms, per unprepare "
+                  f"{pairs.cpu_unprepare / args.pairs * 1000:.2f} ms")
             for method, took, of_absent in (
-                    ("v1.NodePrepareResources", prepare, False),
-                    ("v1.NodeUnprepareResources", unprepare, False),
-                    ("v1.NodeUnprepareResources", absent, True)):
+                    ("v1.NodePrepareResources", pairs.prepare, False),
+                    ("v1.NodeUnprepareResources", pairs.unprepare, False),
+                    ("v1.NodeUnprepareResources", pairs.absent, True)):
                 inside = handler_seconds(daemon, method, absent=of_absent)[-args.pairs:]
                 if inside:
                     print(f"{method}{' (never held)' if of_absent else ''}: in the daemon's "
