@@ -38,7 +38,6 @@ from pydantic import (
 from pydantic.alias_generators import to_camel, to_snake
 from pydantic.config import JsonDict
 
-import gpudra.api.no_pydantic_plugins  # noqa: F401  (before the models: see there)
 from gpudra.api.quantity import QuantityError, parse_quantity
 
 GROUP_VERSION = "resource.nvidia.com/v1beta1"

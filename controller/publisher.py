@@ -92,10 +92,8 @@ class SlicePublisher:
     def __init__(self, session: ApiSession, *, driver: str, node_name: str,
                  resync_delay: float = 0.2, backoff: Backoff | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 request_timeout: float = 10.0,
-                 after_writes: Callable[[], None] | None = None) -> None:
+                 request_timeout: float = 10.0) -> None:
         self._api = RawApi(session, timeout=request_timeout)
-        self._after_writes = after_writes  # called after a round that wrote slices
         self._driver = driver
         self._node = node_name
         self._resync_delay = resync_delay
@@ -170,10 +168,7 @@ class SlicePublisher:
             await self._dirty.wait()
             await self._quiet()
             self._updated.clear()
-            writes = self._writes.total()
             pause = await self._round()
-            if self._after_writes is not None and self._writes.total() != writes:
-                self._after_writes()
             fail_point("publisher:after-round")  # tests: a bug that kills the task
             if pause is None:
                 continue

@@ -23,7 +23,6 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-import gpudra.api.no_pydantic_plugins  # noqa: F401  (before the models: see there)
 from gpudra.api.claims import PreparedDevice, claim_ref
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]

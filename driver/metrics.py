@@ -6,7 +6,7 @@ Names carry the ``gpudra_`` prefix. Latencies are histograms with buckets from 0
 
 from __future__ import annotations
 
-from gpudra.api.prometheus import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
+from prometheus_client import Gauge, Histogram
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
-from gpudra.api.prometheus import Gauge, Histogram
 from gpudra.driver.checkpoint_model import ClaimRecord, DeviceRecord
 from gpudra.driver.claims import ClaimToPrepare
 from gpudra.driver.device_state import DeviceState

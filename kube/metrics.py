@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpudra.api.prometheus import Counter
+from prometheus_client import Counter
 
 API_CALLS = Counter(
     "gpudra_api_calls", "Kubernetes API calls, by verb, resource and outcome",

@@ -26,7 +26,7 @@ from gpudra.kube.objects import Obj
 from gpudra.kube.session import ApiSession
 
 if TYPE_CHECKING:
-    from gpudra.api.prometheus import CounterChild
+    from prometheus_client import Counter
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _counted(error: ApiCallError) -> ApiCallError:
 
 
 @functools.cache
-def _succeeded(verb: str, resource: str) -> CounterChild:
+def _succeeded(verb: str, resource: str) -> Counter:
     """``API_CALLS`` of successful calls, looked up once per verb and resource
     (``labels()`` takes a lock and builds a key each time)."""
     return API_CALLS.labels(verb, resource, "ok")

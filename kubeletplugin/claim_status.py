@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import structlog
+from prometheus_client import Counter
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
-from gpudra.api.prometheus import Counter, CounterChild
 from gpudra.driver.checkpoint_model import ClaimRecord, DeviceRecord
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, resolve_configs
 from gpudra.driver.devices import NodeDevices
@@ -59,7 +59,7 @@ written for it: no write needed)."""
 
 
 @functools.cache
-def _writes(outcome: str) -> CounterChild:
+def _writes(outcome: str) -> Counter:
     """``STATUS_WRITES`` of one outcome, looked up once (``labels()`` locks and builds a
     key; an unprepare counts ``skipped`` on the kubelet's call path)."""
     return STATUS_WRITES.labels(outcome)

@@ -235,7 +235,6 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     from gpudra.driver.usage_sampler import ClaimPods, UsageSampler
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
     from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
-    from gpudra.kubeletplugin.heap import release_free_memory
     from gpudra.kubeletplugin.node_state import (
         build_device_state,
         pick_up_answering_gpus,
@@ -270,10 +269,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
             tracker=IdleTracker(config.idle_threshold, config.idle_after,
                                 listeners=[] if runtime.on_idle is None else [runtime.on_idle]))
         runtime.usage.start()
-    # Publishing a node's slices is the daemon's largest burst of allocations (~30 KB per
-    # slice, several copies): give the freed heap back once written (issue 14, idle RSS).
-    publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name,
-                               after_writes=release_free_memory)
+    publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name)
     if health is not None:
         loop = asyncio.get_running_loop()
         monitor: HealthMonitor | None = None

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import structlog
+from prometheus_client import Counter
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
-from gpudra.api.prometheus import Counter
 from gpudra.driver.claims import ClaimToPrepare
 from gpudra.driver.usage import IdleTransition
 from gpudra.kube.errors import ApiCallError

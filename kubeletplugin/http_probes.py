@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpudra.api.prometheus import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 Check = Callable[[], Sequence[str]]
 """What is wrong, one line each; empty when all is well."""

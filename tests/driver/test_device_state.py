@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
-from gpudra.api.prometheus import REGISTRY
 from gpudra.driver import sim
 from gpudra.driver.claims import ClaimError, OpaqueConfig
 from tests.driver.node_fixture import DRIVER, SimNode, claim, start_node

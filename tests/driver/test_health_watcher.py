@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
-from gpudra.api.prometheus import REGISTRY
 from gpudra.controller.slice_validation import ensure_valid
 from gpudra.controller.slices import build_slices
 from gpudra.driver import sim

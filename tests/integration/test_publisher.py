@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 import structlog
+from prometheus_client import REGISTRY
 
-from gpudra.api.prometheus import REGISTRY
 from gpudra.controller.publisher import SlicePublisher
 from gpudra.controller.slice_diff import slice_difference
 from gpudra.controller.slices import OwnerRef, build_slices
@@ -254,26 +254,6 @@ async def test_a_kubelet_wipe_is_repaired_within_two_seconds(
         assert writes(fake_api) == {"create": 9}
         assert fake_api.calls["get", "nodes"] == 1  # the owner is checked before re-creating
         assert stored(fake_api)[0]["spec"]["pool"]["generation"] == 2  # never goes back
-
-
-async def test_after_writes_is_called_after_each_round_that_wrote_only(
-        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
-        node_uid: str) -> None:
-    # The daemon hands the heap's free memory back to the kernel there (issue 14).
-    creates_seen: list[int] = []
-    pub = fast_publisher(api_session, gpus,
-                         after_writes=lambda: creates_seen.append(fake_api.calls["create",
-                                                                                 SLICES]))
-    async with running(pub):
-        await eventually(lambda: len(creates_seen) == 1, within=5)
-        assert creates_seen == [8]  # after the round's writes, not before them
-        pub.update(dataclasses.replace(gpus))  # equal devices: a round would write nothing
-        await asyncio.sleep(0.3)
-        assert creates_seen == [8]
-
-        await wipe(api_session)
-        await eventually(lambda: len(creates_seen) == 2, within=5)
-        assert creates_seen == [8, 16]
 
 
 # --- inventory changes ----------------------------------------------------------------------

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
-from gpudra.api.prometheus import REGISTRY
 from gpudra.kube.errors import (
     ApiCallError,
     BadAnswer,

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
-from gpudra.api.prometheus import REGISTRY
 from gpudra.driver.claims import ClaimError
 from gpudra.driver.metrics import error_reason
 from gpudra.kube.errors import ApiCallError

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import pytest_asyncio
+from prometheus_client import REGISTRY
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
-from gpudra.api.prometheus import REGISTRY
 from gpudra.driver.checkpoint_model import ClaimRecord, DeviceRecord, MigRecord
 from gpudra.driver.devices import Device, NodeDevices, Taint
 from gpudra.driver.usage import DeviceUsage, IdleTransition

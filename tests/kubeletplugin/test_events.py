@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest_asyncio
+from prometheus_client import REGISTRY
 
 from gpudra.api.claims import ClaimRef
-from gpudra.api.prometheus import REGISTRY
 from gpudra.kube.raw_api import RawApi
 from gpudra.kube.session import ApiSession
 from gpudra.kubeletplugin.events import IdleEvents, idle_message
