@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
+from gpudra.api import field_errors as fe
+from gpudra.api.api_limits import DNS1123_LABEL_MAX_LENGTH
+from gpudra.api.field_errors import FieldError
 from gpudra.api.quantity import QuantityError, parse_quantity
-from gpudra.controller import field_errors as fe
-from gpudra.controller.api_limits import DNS1123_LABEL_MAX_LENGTH
-from gpudra.controller.field_errors import FieldError
 
 
 def validate_pool(slices: Sequence[Mapping[str, Any]]) -> list[FieldError]:

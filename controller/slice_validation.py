@@ -32,9 +32,8 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Final
 
-from gpudra.api.quantity import QuantityError, parse_quantity
-from gpudra.controller import field_errors as fe
-from gpudra.controller.api_limits import (
+from gpudra.api import field_errors as fe
+from gpudra.api.api_limits import (
     ATTRIBUTE_AND_CAPACITY_MAX_KEY_LENGTH,
     BINDING_CONDITIONS_MAX_SIZE,
     BINDING_FAILURE_CONDITIONS_MAX_SIZE,
@@ -54,8 +53,8 @@ from gpudra.controller.api_limits import (
     RESOURCE_SLICE_MAX_DEVICES,
     RESOURCE_SLICE_MAX_DEVICES_WITH_ADVANCED_FEATURES,
 )
-from gpudra.controller.field_errors import FieldError, format_invalid
-from gpudra.controller.name_formats import (
+from gpudra.api.field_errors import FieldError, format_invalid
+from gpudra.api.name_formats import (
     SEMVER_MSG,
     SEMVER_RE,
     c_identifier_errors,
@@ -65,6 +64,7 @@ from gpudra.controller.name_formats import (
     label_value_errors,
     nbytes,
 )
+from gpudra.api.quantity import QuantityError, parse_quantity
 from gpudra.controller.pool_validation import validate_pool
 
 TAINT_EFFECTS: Final = ("NoExecute", "NoSchedule", "None")

@@ -28,13 +28,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpudra.api.quantity import format_quantity
-from gpudra.controller.api_limits import (
+from gpudra.api.api_limits import (
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     RESOURCE_SLICE_MAX_COUNTER_SETS,
     RESOURCE_SLICE_MAX_DEVICES,
     RESOURCE_SLICE_MAX_DEVICES_WITH_ADVANCED_FEATURES,
 )
+from gpudra.api.quantity import format_quantity
 from gpudra.driver.devices import (
     AttributeValue,
     CounterConsumption,

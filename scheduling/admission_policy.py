@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from gpudra.controller.api_limits import DEVICE_CONFIG_MAX_SIZE
+from gpudra.api.api_limits import DEVICE_CONFIG_MAX_SIZE
 from gpudra.scheduling.admission_configs import problems_expression
 from gpudra.scheduling.admission_selectors import findings_expression, message_expression
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from gpudra.controller.api_limits import (
+from gpudra.api.api_limits import (
     DEVICE_CONSTRAINTS_MAX_SIZE,
     DEVICE_REQUESTS_MAX_SIZE,
     DEVICE_SELECTORS_MAX_SIZE,

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudra.controller.api_limits import ALLOCATION_RESULTS_MAX_SIZE
+from gpudra.api.api_limits import ALLOCATION_RESULTS_MAX_SIZE
 from gpudra.scheduling.allocation_state import (
     Constraint,
     CounterLedger,

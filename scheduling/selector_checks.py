@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpudra.controller.api_limits import DEVICE_SELECTORS_MAX_SIZE
+from gpudra.api.api_limits import DEVICE_SELECTORS_MAX_SIZE
 from gpudra.scheduling.catalog import (
     CAPACITIES,
     REMOVED,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any, Final
 
-from gpudra.controller.api_limits import (
+from gpudra.api.api_limits import (
     DEVICE_CONFIG_MAX_SIZE,
     DEVICE_CONSTRAINTS_MAX_SIZE,
     DEVICE_MAX_DOMAIN_LENGTH,
@@ -25,7 +25,7 @@ from gpudra.controller.api_limits import (
     FIRST_AVAILABLE_DEVICE_REQUEST_MAX_SIZE,
     OPAQUE_PARAMETERS_MAX_LENGTH,
 )
-from gpudra.controller.name_formats import (
+from gpudra.api.name_formats import (
     dns1123_label_errors,
     dns1123_subdomain_errors,
     label_key_errors,

@@ -17,7 +17,7 @@ import celpy
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
-from gpudra.controller.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
+from gpudra.api.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
 from gpudra.scheduling.cel.checks import Analysis, Footprint, analyse
 from gpudra.scheduling.cel.errors import CelCompileError, CelEvalError
 from gpudra.scheduling.cel.evaluator import DeviceEvaluator, DeviceRunner

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpudra.controller.field_errors import FieldError, format_invalid
+from gpudra.api.field_errors import FieldError, format_invalid
 from gpudra.controller.pool_validation import validate_pool
 from gpudra.controller.slice_validation import SliceValidationError, ensure_valid, validate_slice
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpudra.controller.name_formats import dns1123_subdomain_errors
+from gpudra.api.name_formats import dns1123_subdomain_errors
 from gpudra.controller.pool_validation import validate_pool
 from gpudra.controller.slice_validation import ensure_valid, validate_slice
 from gpudra.controller.slices import (

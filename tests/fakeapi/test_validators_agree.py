@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpudra.controller.field_errors import format_invalid
+from gpudra.api.field_errors import format_invalid
 from gpudra.controller.slice_validation import validate_slice
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.controller.test_slice_validation import INVALID, VALID

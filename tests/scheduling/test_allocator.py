@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpudra.controller.api_limits import ALLOCATION_RESULTS_MAX_SIZE
+from gpudra.api.api_limits import ALLOCATION_RESULTS_MAX_SIZE
 from gpudra.controller.slices import build_slices
 from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.inventory import GpuRecord, NodeInventory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpudra.controller.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
+from gpudra.api.api_limits import CEL_SELECTOR_EXPRESSION_MAX_LENGTH
 from gpudra.scheduling.cel import CelCompileError, compile_selector
 from gpudra.scheduling.cel.checks import Footprint
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from gpudra.controller.api_limits import (
+from gpudra.api.api_limits import (
     DNS1123_LABEL_MAX_LENGTH,
     DNS1123_SUBDOMAIN_MAX_LENGTH,
     LABEL_KEY_NAME_MAX_LENGTH,
