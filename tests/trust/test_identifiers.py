@@ -1,0 +1,86 @@
+"""The identifier rules and the bounded JSON decoder of the daemon's edge."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpudra.api import bounded_json
+from gpudra.api.identifiers import (
+    IdentifierError,
+    check_claim,
+    check_driver,
+    check_pool,
+    check_request,
+    check_uid,
+    safe_component,
+    shown,
+)
+
+UID = "0b0e3a9c-1d2e-4f30-8a4b-5c6d7e8f9a0b"
+
+
+@pytest.mark.parametrize("uid", [
+    "/etc", "../../../../x", "..", ".", "", UID.upper(), UID + "\n", UID[:-1], "a" * 36,
+    f"{UID}/..", " " + UID[1:], "x" * 10_000, "0b0e3a9c_1d2e_4f30_8a4b_5c6d7e8f9a0b",
+])
+def test_uids_that_are_not_lower_case_uuids_are_refused(uid):
+    with pytest.raises(IdentifierError, match=r"^uid "):
+        check_uid(uid)
+
+
+def test_a_uuid_passes_and_a_wrong_type_is_named():
+    assert check_uid(UID) == UID
+    with pytest.raises(IdentifierError, match=r"metadata\.uid must be a string, got int"):
+        check_uid(7, "metadata.uid")
+
+
+@pytest.mark.parametrize(("namespace", "name", "field"), [
+    ("default", "../x", "name"), ("default", "a/b", "name"), ("Default", "c", "namespace"),
+    ("a.b", "c", "namespace"), ("x" * 64, "c", "namespace"), ("default", "c" * 254, "name"),
+    ("", "c", "namespace"), ("default", "", "name"), ("default", "c\x00", "name"),
+])
+def test_claim_names_follow_their_kubernetes_rules(namespace, name, field):
+    with pytest.raises(IdentifierError, match=f"^{field} "):
+        check_claim(namespace, name, UID)
+
+
+def test_valid_names_pass():
+    assert check_claim("kube-system", "my-claim.v1", UID) == ("kube-system", "my-claim.v1", UID)
+    assert check_driver("gpu.nvidia.com") == "gpu.nvidia.com"
+    assert check_pool("node-a/part-1") == "node-a/part-1"
+    assert check_request("gpu/small") == "gpu/small"
+    for bad, check in (("GPU.nvidia.com", check_driver), ("x" * 64, check_driver),
+                       ("a//b", check_pool), ("a/b/c", check_request), ("..", check_request)):
+        with pytest.raises(IdentifierError):
+            check(bad)
+
+
+def test_shown_quotes_escapes_and_cuts():
+    assert shown("a\nb") == "'a\\nb'"
+    assert shown("x" * 1000).endswith("... (1000 characters)")
+    assert len(shown("x" * 1000)) < 120
+    assert shown(None) == "of type NoneType"
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "/", "a\0b", "x" * 256])
+def test_a_path_component_is_one_plain_name(name):
+    with pytest.raises(IdentifierError):
+        safe_component(name, "name")
+
+
+def test_json_nested_deeper_than_the_bound_is_refused_before_decoding():
+    deep = b"[" * 5000 + b"]" * 5000
+    with pytest.raises(bounded_json.JsonTooDeep, match="5000 levels"):
+        bounded_json.loads(deep)
+    # A string full of brackets is text, not nesting.
+    text = json.dumps({"a": "[" * 500, "b": "\\\"{{{"}).encode()
+    assert bounded_json.depth(text) == 1
+    assert bounded_json.loads(text)["a"] == "[" * 500
+    at_bound = b"[" * 100 + b"]" * 100
+    assert bounded_json.depth(at_bound) == 100
+    bounded_json.loads(at_bound)
+    with pytest.raises(bounded_json.JsonTooDeep):
+        bounded_json.loads(b"[" * 101 + b"]" * 101)
+    assert isinstance(bounded_json.JsonTooDeep("x"), ValueError)
