@@ -40,6 +40,7 @@ from gpudra.driver.nvml import (
     COMPUTE_MODE_DEFAULT,
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     COMPUTE_MODE_PROHIBITED,
+    GpuInstance,
     MigInstance,
     Nvml,
     NvmlError,
@@ -209,7 +210,7 @@ class ClaimHardware:
                 mode = self.nvml.mig_mode(parent)
                 cp = with_mig_mode_baseline(cp, parent, bool(mode and mode.current))
                 restore.setdefault("preexistingMig", {})[parent] = sorted(
-                    i.gpu_instance_id for i in self.safe_instances(parent))
+                    i.gpu_instance_id for i in self.safe_gpu_instances(parent))
         joining = self._share_entries(plan, cp)
         if joining:
             restore["shares"] = {e.share_id: e.to_json() for e in joining}
@@ -499,22 +500,27 @@ class ClaimHardware:
         if (mig.parent_uuid, mig.profile_id, mig.placement_start) in owned:
             return  # another claim's; never ours to destroy
         gi, ci = mig.gpu_instance_id, mig.compute_instance_id
+        started = time.perf_counter()
         if gi < 0:
             # Crashed between create and record: find it by what the name encodes, but
-            # never a device that existed before this claim started.
+            # never a device that existed before this claim started. Among the GPU
+            # instances, not the MIG devices: a kill before the compute instance was made
+            # leaves a GPU instance that is no MIG device.
             live = self._find_live(mig.parent_uuid, mig.profile_id, mig.placement_start)
             if live is None or live.gpu_instance_id in preexisting:
                 return
-            gi, ci = live.gpu_instance_id, live.compute_instance_id
-        started = time.perf_counter()
-        if self.nvml.destroy_mig_device(mig.parent_uuid, gi, ci):
+            gi = live.gpu_instance_id
+            destroyed = self.nvml.destroy_gpu_instance(mig.parent_uuid, gi)
+        else:
+            destroyed = self.nvml.destroy_mig_device(mig.parent_uuid, gi, ci)
+        if destroyed:
             metrics.MIG_OPERATIONS.labels("destroy", "ok").inc()
             metrics.MIG_OPERATION_SECONDS.labels("destroy").observe(time.perf_counter() - started)
             log.info("destroyed MIG device", gpu=mig.parent_uuid, gpu_instance=gi,
                      compute_instance=ci)
 
-    def _find_live(self, parent: str, profile_id: int, start: int) -> MigInstance | None:
-        for instance in self.nvml.mig_instances(parent):
+    def _find_live(self, parent: str, profile_id: int, start: int) -> GpuInstance | None:
+        for instance in self.nvml.gpu_instances(parent):
             if instance.profile_id == profile_id and instance.placement.start == start:
                 return instance
         return None
@@ -523,7 +529,7 @@ class ClaimHardware:
         """Turn MIG off again when the last partition is gone and it was off before us."""
         if cp.mig_mode_baseline.get(parent, True):
             return
-        if self.nvml.mig_instances(parent):
+        if self.nvml.gpu_instances(parent):  # bare GPU instances count: MIG stays on for them
             return
         if self.nvml.running_processes(parent):
             return  # not idle: leave it; the next unprepare tries again
@@ -585,6 +591,15 @@ class ClaimHardware:
             return self.nvml.mig_instances(parent)
         except NvmlError as exc:
             log.warning("cannot list MIG devices", gpu=parent, error=str(exc))
+            return []
+
+    def safe_gpu_instances(self, parent: str) -> list[GpuInstance]:
+        """The GPU's GPU instances, bare ones included; none (with a warning) when NVML
+        cannot list them."""
+        try:
+            return self.nvml.gpu_instances(parent)
+        except NvmlError as exc:
+            log.warning("cannot list GPU instances", gpu=parent, error=str(exc))
             return []
 
 

@@ -19,6 +19,7 @@ CRASH_EXIT_CODE = 86
 
 POINTS = (
     "prepare:after-started",
+    "prepare:after-mig-gpu-instance",
     "prepare:after-mig-create",
     "prepare:after-mig-recorded",
     "prepare:after-settings",

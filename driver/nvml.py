@@ -23,12 +23,14 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpudra.driver.driver_root import DriverRoot
+from gpudra.driver.faults import crash_point
 from gpudra.driver.mig import MigProfile, Placement, profile_name
 
 T = TypeVar("T")
 
 # Profile indexes that exist in NVML (0 .. NVML_GPU_INSTANCE_PROFILE_COUNT-1).
 _GI_PROFILE_INDEX_COUNT = 18
+_CI_PROFILE_INDEX_COUNT = 9
 _NVLINK_MAX_LINKS = 36
 NVLINK_REMOTE_GPU = 0
 NVLINK_REMOTE_SWITCH = 2
@@ -132,6 +134,17 @@ class MigInstance:
     compute_instance_id: int
     profile_id: int
     placement: Placement
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """One GPU instance, with or without compute instances: a bare one (a kill between the
+    two creates) is no MIG device, so only an enumeration of GPU instances finds it."""
+
+    gpu_instance_id: int
+    profile_id: int
+    placement: Placement
+    compute_instance_ids: tuple[int, ...]
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -432,6 +445,38 @@ class Nvml:
                 found.append(MigInstance(mig_uuid, gi_id, ci_id, profile_id, placement))
         return sorted(found, key=lambda m: (m.placement.start, m.gpu_instance_id))
 
+    def gpu_instances(self, uuid: str) -> list[GpuInstance]:
+        """Every GPU instance on a GPU, bare ones included (empty when MIG is off)."""
+        handle = self.handle(uuid)
+        mode = self.mig_mode(uuid)
+        if mode is None or not mode.current:
+            return []
+        found = []
+        with self._call("list GPU instances"):
+            for gi in self._gpu_instances(handle):
+                info = pynvml.nvmlGpuInstanceGetInfo(gi)
+                found.append(GpuInstance(
+                    int(info.id), int(info.profileId),
+                    Placement(int(info.placement.start), int(info.placement.size)),
+                    tuple(sorted(int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
+                                 for ci in self._compute_instances(gi)))))
+        return sorted(found, key=lambda g: (g.placement.start, g.gpu_instance_id))
+
+    @staticmethod
+    def _compute_instances(gi: Any) -> list[Any]:
+        instances: list[Any] = []
+        for index in range(_CI_PROFILE_INDEX_COUNT):
+            try:
+                info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, 0)
+            except pynvml.NVMLError:
+                continue  # a profile this GPU instance does not have
+            array = (pynvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
+            count = ctypes.c_uint(0)
+            pynvml.nvmlGpuInstanceGetComputeInstances(gi, int(info.id), array,
+                                                      ctypes.byref(count))
+            instances.extend(array[i] for i in range(count.value))
+        return instances
+
     def _gpu_instances(self, handle: Any) -> list[Any]:
         instances: list[Any] = []
         for index in range(_GI_PROFILE_INDEX_COUNT):
@@ -465,6 +510,9 @@ class Nvml:
             c_placement.start = placement.start
             c_placement.size = placement.size
             gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, int(info.id), c_placement)
+            # A kill here leaves a GPU instance without a compute instance, which NVML's MIG
+            # device listing does not show: recovery must enumerate GPU instances.
+            crash_point("prepare:after-mig-gpu-instance")
             try:
                 gi_id = int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
                 ci_profile = self._full_compute_profile(gi, profile.slice_count)
@@ -514,6 +562,22 @@ class Nvml:
             except pynvml.NVMLError_NotFound:
                 pass
             else:
+                pynvml.nvmlComputeInstanceDestroy(ci)
+            pynvml.nvmlGpuInstanceDestroy(gi)
+        with self._lock:
+            for key in [k for k in self._handles if k.startswith("MIG-")]:
+                del self._handles[key]
+        return True
+
+    def destroy_gpu_instance(self, uuid: str, gpu_instance_id: int) -> bool:
+        """Destroy a GPU instance and whatever compute instances it has; ``False`` if gone."""
+        handle = self.handle(uuid)
+        with self._call(f"destroy GPU instance {gpu_instance_id}"):
+            try:
+                gi = pynvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+            except (pynvml.NVMLError_NotFound, pynvml.NVMLError_NotSupported):
+                return False
+            for ci in self._compute_instances(gi):
                 pynvml.nvmlComputeInstanceDestroy(ci)
             pynvml.nvmlGpuInstanceDestroy(gi)
         with self._lock:

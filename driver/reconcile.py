@@ -6,11 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from gpudra.driver import cdi
 from gpudra.driver.checkpoint_model import Checkpoint, ClaimRecord, without_claim
 from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.claim_hardware import ClaimHardware
 from gpudra.driver.mps import MpsReconcileReport
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -77,10 +81,11 @@ def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str) -> list[s
     """
     if parent not in cp.mig_mode_baseline:
         return []
+    # Every GPU instance a completed claim uses, made by us or not: never destroyed here.
     keep = {
         d.mig.gpu_instance_id
         for r in cp.completed().values() for d in r.devices
-        if d.mig is not None and d.mig.created and d.mig.parent_uuid == parent
+        if d.mig is not None and d.mig.parent_uuid == parent and d.mig.gpu_instance_id >= 0
     }
     destroyed = []
     for instance in hardware.safe_instances(parent):
@@ -89,6 +94,17 @@ def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str) -> list[s
         hardware.nvml.destroy_mig_device(parent, instance.gpu_instance_id,
                                          instance.compute_instance_id)
         destroyed.append(instance.uuid)
+    # What is left unowned has no MIG device: a GPU instance without a compute instance (a
+    # kill between the two creates). The MIG-device listing cannot see it; left there, it
+    # keeps MIG mode on and its placement taken for good.
+    for gi in hardware.safe_gpu_instances(parent):
+        if gi.gpu_instance_id in keep:
+            continue
+        if hardware.nvml.destroy_gpu_instance(parent, gi.gpu_instance_id):
+            log.info("destroyed a GPU instance without a MIG device", gpu=parent,
+                     gpu_instance=gi.gpu_instance_id, profile_id=gi.profile_id,
+                     placement=gi.placement.start)
+            destroyed.append(f"{parent}/gpu-instance-{gi.gpu_instance_id}")
     hardware.restore_mig_mode(parent, cp)
     return destroyed
 

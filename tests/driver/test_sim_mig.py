@@ -467,3 +467,31 @@ def test_mig_devices_coming_and_going_keep_the_handle_table_flat(simulate):
             pynvml.nvmlComputeInstanceGetInfo(ci)
     assert len({uuid for _, _, uuid in stale}) == 300
     assert gi_info(newcomer)[2:] == (0, 1)
+
+
+def test_a_bare_gpu_instance_is_no_mig_device_but_is_enumerated(simulate):
+    # A kill between the GPU-instance and the compute-instance create leaves this state:
+    # the MIG-device listing does not show it, the GPU-instance enumeration must.
+    from gpudra.driver.mig import Placement
+    from gpudra.driver.nvml import GpuInstance, Nvml
+
+    simulate("dgx-h100")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
+    pynvml.nvmlDeviceSetMigMode(handle, ENABLE)
+    bare = create(handle, 19, 6, 1)  # 1g.10gb, no compute instance
+    whole = create(handle, 9, 0, 4)  # 3g.40gb with its full compute instance
+    pynvml.nvmlGpuInstanceCreateComputeInstance(whole, 2)
+    nvml = Nvml()
+    assert [m.gpu_instance_id for m in nvml.mig_instances(uuid)] == [gi_info(whole)[0]]
+    assert nvml.gpu_instances(uuid) == [
+        GpuInstance(gi_info(whole)[0], 9, Placement(0, 4), (0,)),
+        GpuInstance(gi_info(bare)[0], 19, Placement(6, 1), ()),
+    ]
+    assert nvml.destroy_gpu_instance(uuid, gi_info(bare)[0]) is True
+    assert nvml.destroy_gpu_instance(uuid, gi_info(whole)[0]) is True  # its CI first
+    assert nvml.gpu_instances(uuid) == []
+    assert nvml.destroy_gpu_instance(uuid, 3) is False  # gone already
+    # and MIG can be turned off again: nothing is left on the GPU
+    assert pynvml.nvmlDeviceSetMigMode(handle, DISABLE) == pynvml.NVML_SUCCESS
+    assert nvml.gpu_instances(uuid) == []
