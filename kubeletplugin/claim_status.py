@@ -24,10 +24,9 @@ claim is nearly always deleted with its pod).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -102,20 +101,25 @@ class ClaimStatusWriter:
     def __init__(self, api: RawApi, *, driver: str,
                  records: Callable[[], Mapping[str, ClaimRecord]], watch_health: bool = True,
                  backoff: Callable[[], Backoff] = lambda: Backoff(initial=0.5, cap=60.0),
-                 clock: Callable[[], float] = time.time, delay: float = WRITE_DELAY) -> None:
+                 clock: Callable[[], float] = time.time, delay: float = WRITE_DELAY,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._api = api
         self._driver = driver
         self._records = records
         self._watch_health = watch_health  # without health checks, no Healthy to vouch for
         self._pass_records: Mapping[str, ClaimRecord] | None = None
         self._backoff = backoff
-        self._clock = clock
+        self._clock = clock  # wall time, for the conditions' transition times
+        self._monotonic = monotonic  # when writes are due
+        self._sleep = sleep
         self._delay = delay
         self._claims: dict[str, _Claim] = {}
         self._due: dict[str, float] = {}  # uid → when to write it (monotonic)
         self._wake = asyncio.Event()
         self._sleeping_until: float | None = None
         """When the writer, waiting, wakes by itself (monotonic); None: not waiting for a time."""
+        self._writing: str | None = None  # the claim whose write is under way
         self._unhealthy: dict[str, str] = {}
         self._failures = FailureLog(log)
 
@@ -192,34 +196,47 @@ class ClaimStatusWriter:
                 await self._wake.wait()
                 continue
             soonest = min(self._due.values())
-            if soonest > time.monotonic():
+            now = self._monotonic()
+            if soonest > now:
                 self._sleeping_until = soonest
                 try:
-                    with contextlib.suppress(TimeoutError):  # woken early: something sooner
-                        async with asyncio.timeout_at(soonest):
-                            await self._wake.wait()
+                    await self._nap(soonest - now)  # or woken early: something sooner
                 finally:
                     self._sleeping_until = None
                 continue
             self._pass_records = None  # the checkpoint is read at most once per pass
             retry_after: float | None = None
             failed = False
-            now = time.monotonic()
+            now = self._monotonic()
             for uid in sorted(uid for uid, at in self._due.items() if at <= now):
                 del self._due[uid]
+                self._writing = uid
                 try:
                     await self._write(uid)
                 except ApiCallError as exc:
                     failed = True
                     retry_after = max(retry_after or 0.0, exc.retry_after or 0.0) or None
+                finally:
+                    self._writing = None
             if failed:
-                await asyncio.sleep(backoff.honouring(retry_after))
+                await self._sleep(backoff.honouring(retry_after))
             else:
                 backoff.reset()
 
+    async def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if :meth:`_queue` wakes the writer."""
+        woken = asyncio.ensure_future(self._wake.wait())
+        napped = asyncio.ensure_future(self._sleep(seconds))
+        try:
+            await asyncio.wait((woken, napped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (woken, napped):
+                waiter.cancel()
+            await asyncio.gather(woken, napped, return_exceptions=True)
+
     def pending(self) -> set[str]:
-        """Claims (uids) with a write still to do."""
-        return set(self._due)
+        """Claims (uids) with a write still to do or under way."""
+        return set(self._due) | ({self._writing} if self._writing is not None else set())
 
     async def _write(self, uid: str) -> None:
         entry = self._claims.get(uid)
@@ -309,7 +326,7 @@ class ClaimStatusWriter:
         """Write the claim :data:`WRITE_DELAY` from now, or at once (``wake=False``: a retry,
         paced by the writer's back-off). The writer is woken only if it would otherwise
         wake too late: one wake-up per burst of prepares, not one per call."""
-        at = time.monotonic() + (self._delay if wake else 0.0)
+        at = self._monotonic() + (self._delay if wake else 0.0)
         self._due[uid] = min(self._due.get(uid, at), at)
         if wake and (self._sleeping_until is None or at < self._sleeping_until):
             self._wake.set()

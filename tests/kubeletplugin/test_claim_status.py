@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from prometheus_client import REGISTRY
 
@@ -20,6 +20,7 @@ from gpudra.kube.raw_api import RESOURCE_CLAIMS, RawApi
 from gpudra.kube.session import ApiSession
 from gpudra.kubeletplugin.claim_status import ClaimStatusWriter, unhealthy_devices
 from gpudra.testing.fakeapi.server import FakeApiServer
+from tests.fake_time import FakeTime, settle
 from tests.fakeapi.fixtures import api_session, fake_api  # noqa: F401
 
 DRIVER = "gpu.nvidia.com"
@@ -74,9 +75,12 @@ class EveryClaim(Mapping[str, ClaimRecord]):
         return 0
 
 
-def new_writer(session: ApiSession, **options: Any) -> ClaimStatusWriter:
+def new_writer(session: ApiSession, clock: FakeTime | None = None,
+               **options: Any) -> ClaimStatusWriter:
+    clock = clock or FakeTime()
     return ClaimStatusWriter(RawApi(session), driver=DRIVER, records=EveryClaim,
-                             backoff=lambda: Backoff(initial=0.01, cap=0.05), **options)
+                             backoff=lambda: Backoff(initial=0.01, cap=0.05),
+                             monotonic=clock.monotonic, sleep=clock.sleep, **options)
 
 
 @contextlib.asynccontextmanager
@@ -91,15 +95,24 @@ async def running(writer: ClaimStatusWriter) -> AsyncIterator[ClaimStatusWriter]
 
 
 @pytest_asyncio.fixture
-async def writer(api_session: ApiSession) -> AsyncIterator[ClaimStatusWriter]:  # noqa: F811
-    async with running(new_writer(api_session, delay=0.01)) as started:
+def clock() -> FakeTime:
+    """The writer's time: it moves only when a test advances it."""
+    return FakeTime()
+
+
+@pytest_asyncio.fixture
+async def writer(api_session: ApiSession,  # noqa: F811
+                 clock: FakeTime) -> AsyncIterator[ClaimStatusWriter]:
+    """A writer that writes a claim as soon as it changes."""
+    async with running(new_writer(api_session, clock, delay=0.0)) as started:
         yield started
 
 
 @pytest_asyncio.fixture
-async def slow_writer(api_session: ApiSession) -> AsyncIterator[ClaimStatusWriter]:  # noqa: F811
+async def slow_writer(api_session: ApiSession,  # noqa: F811
+                      clock: FakeTime) -> AsyncIterator[ClaimStatusWriter]:
     """A writer with the daemon's delay between a claim's first change and its write."""
-    async with running(new_writer(api_session, delay=0.3)) as started:
+    async with running(new_writer(api_session, clock, delay=0.3)) as started:
         yield started
 
 
@@ -160,21 +173,28 @@ async def test_a_kubelet_retry_writes_nothing_new(
     writer.prepared(ref, DEVICES, None)
     await until(lambda: not writer.pending() and len(status_devices(fake_api)) == 2)
     writer.prepared(ref, DEVICES, None)
-    await asyncio.sleep(0.05)
+    assert not writer.pending()  # nothing queued: the same devices are written already
+    await settle()
     assert patches(fake_api) == 1
 
 
 async def test_a_failing_write_is_retried_with_back_off_and_counted(
-        writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+        writer: ClaimStatusWriter, fake_api: FakeApiServer, clock: FakeTime):  # noqa: F811
     ref = put_claim(fake_api)
     retries = writes("retry")
     fake_api.fail_next(3, status=503, verb="patch", resource="resourceclaims/status",
                       retry_after=None)
     writer.prepared(ref, DEVICES, None)  # returns at once: only queued
     assert status_devices(fake_api) == []
+    for attempt in range(1, 4):
+        await clock.until_sleeping()  # backing off after the attempt's failure
+        assert patches(fake_api) == attempt and status_devices(fake_api) == []
+        await clock.advance_to_next()
     await until(lambda: len(status_devices(fake_api)) == 2)
     assert writes("retry") == retries + 3
     assert patches(fake_api) == 4
+    first, second, third = clock.slept
+    assert 0.008 <= first <= 0.012 and 0.016 <= second <= 0.024 and third <= 0.05  # doubling
 
 
 async def test_a_taint_makes_the_device_unhealthy_and_recovery_healthy_again(
@@ -239,23 +259,23 @@ async def test_unprepare_removes_our_entries(
 
 
 async def test_a_deleted_claim_is_dropped_not_retried(
-        writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+        writer: ClaimStatusWriter, fake_api: FakeApiServer, clock: FakeTime):  # noqa: F811
     gone = writes("gone")
     writer.prepared(ClaimRef("ns", "missing", "uid-x"), DEVICES, None)
-    await until(lambda: writes("gone") == gone + 1)
-    await asyncio.sleep(0.05)
-    assert patches(fake_api) == 1
+    await until(lambda: writes("gone") == gone + 1 and not writer.pending())
+    await settle()
+    assert patches(fake_api) == 1 and clock.sleeping() == []  # no back-off, no retry
 
 
 async def test_content_the_server_rejects_is_not_retried(
-        writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+        writer: ClaimStatusWriter, fake_api: FakeApiServer, clock: FakeTime):  # noqa: F811
     ref = put_claim(fake_api)
     rejected = writes("rejected")
     stray = PreparedDevice(("gpu",), POOL, "gpu-7", ("k8s.gpu.nvidia.com/claim=u-gpu-7",))
     writer.prepared(ref, (stray,), None)  # not allocated in the claim: Invalid
-    await until(lambda: writes("rejected") == rejected + 1)
-    await asyncio.sleep(0.05)
-    assert patches(fake_api) == 1
+    await until(lambda: writes("rejected") == rejected + 1 and not writer.pending())
+    await settle()
+    assert patches(fake_api) == 1 and clock.sleeping() == []  # no back-off, no retry
     assert status_devices(fake_api) == []
 
 
@@ -297,7 +317,7 @@ async def test_a_claim_answered_from_the_checkpoint_reads_its_config_for_the_dat
 
 async def test_without_health_checks_there_is_no_healthy_condition(
         fake_api: FakeApiServer, api_session: ApiSession):  # noqa: F811
-    async with running(new_writer(api_session, watch_health=False)) as writer:
+    async with running(new_writer(api_session, delay=0.0, watch_health=False)) as writer:
         ref = put_claim(fake_api)
         writer.prepared(ref, DEVICES, None)
         await until(lambda: len(status_devices(fake_api)) == 2)
@@ -305,44 +325,54 @@ async def test_without_health_checks_there_is_no_healthy_condition(
 
 
 async def test_a_claim_unprepared_before_its_first_write_costs_no_write(
-        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer,  # noqa: F811
+        clock: FakeTime):
     ref = put_claim(fake_api)
     skipped = writes("skipped")
     slow_writer.prepared(ref, DEVICES, None)
     assert slow_writer.pending() == {ref.uid}
+    await clock.until_sleeping()
     slow_writer.unprepared(ref)
     assert slow_writer.pending() == set()
-    await asyncio.sleep(0.4)
+    await clock.advance(0.4)  # past when the write was due
     assert patches(fake_api) == 0 and status_devices(fake_api) == []
     assert writes("skipped") == skipped + 1
 
 
 async def test_claims_queued_while_the_writer_waits_are_each_written_when_due(
-        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer,  # noqa: F811
+        clock: FakeTime):
     # The writer sleeps until the first claim is due; later ones do not wake it early but
     # must still go out on time: right after the first (the unprepared one: never).
     first, second, dropped = (put_claim(fake_api, name) for name in ("c1", "c2", "c3"))
     slow_writer.prepared(first, DEVICES, None)
-    await asyncio.sleep(0.1)
-    queued = time.monotonic()
+    await clock.until_sleeping()
+    await clock.advance(0.1)
     slow_writer.prepared(second, DEVICES, None)
     slow_writer.prepared(dropped, DEVICES, None)
     slow_writer.unprepared(dropped)
+    await settle()
+    assert clock.slept == [pytest.approx(0.3)]  # not woken early by the later claims
+    await clock.advance(0.2)  # the first is due
     await until(lambda: len(status_devices(fake_api, "c1")) == 2)
+    await clock.until_sleeping()
     assert status_devices(fake_api, "c2") == []  # not due yet
-    await until(lambda: len(status_devices(fake_api, "c2")) == 2)
-    assert time.monotonic() - queued >= 0.3 - 0.02
-    await asyncio.sleep(0.1)
-    assert patches(fake_api) == 2 and not slow_writer.pending()
+    await clock.advance(0.1)  # 0.3 after the second was queued
+    await until(lambda: len(status_devices(fake_api, "c2")) == 2 and not slow_writer.pending())
+    assert patches(fake_api) == 2
 
 
 async def test_changes_within_the_delay_go_out_in_one_write(
-        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer):  # noqa: F811
+        slow_writer: ClaimStatusWriter, fake_api: FakeApiServer,  # noqa: F811
+        clock: FakeTime):
     ref = put_claim(fake_api)
     slow_writer.prepared(ref, DEVICES, None)
+    await clock.until_sleeping()
+    await clock.advance(0.1)
     slow_writer.health_changed({"gpu-0": "gpu.nvidia.com/xid=79:NoExecute"})
-    await asyncio.sleep(0.1)
+    await settle()
     assert patches(fake_api) == 0  # not yet due
+    await clock.advance(0.2)
     await until(lambda: len(status_devices(fake_api)) == 2 and not slow_writer.pending())
     assert patches(fake_api) == 1
     healthy = {e["device"]: conditions(e)["Healthy"]["status"] for e in status_devices(fake_api)}
@@ -366,7 +396,7 @@ async def test_a_claim_prepared_by_an_earlier_daemon_has_its_entries_removed(
     ref = put_claim(fake_api)
     writer.prepared(ref, DEVICES, None)
     await until(lambda: len(status_devices(fake_api)) == 2 and not writer.pending())
-    async with running(new_writer(api_session, delay=0.01)) as restarted:
+    async with running(new_writer(api_session, delay=0.0)) as restarted:
         restarted.unprepared(ref)  # never saw it prepared
         await until(lambda: status_devices(fake_api) == [] and not restarted.pending())
 
@@ -376,10 +406,9 @@ async def test_unprepare_while_the_first_write_reads_the_claim_leaves_no_entries
     ref = put_claim(fake_api)
     fake_api.delay(0.3, verb="get", resource="resourceclaims", count=1)
     writer.prepared(ref, DEVICES, None)  # answered from the checkpoint: the write GETs it
-    await asyncio.sleep(0.1)  # the write is waiting for the claim
+    await until(lambda: fake_api.calls["get", "resourceclaims"] == 1)  # waiting for it
     writer.unprepared(ref)
-    await asyncio.sleep(0.4)  # the write, and anything it queued, is done
-    await until(lambda: not writer.pending())
+    await until(lambda: not writer.pending())  # the write, and anything it queued, is done
     assert status_devices(fake_api) == []
 
 
@@ -388,7 +417,7 @@ async def test_a_claim_prepared_again_while_its_write_reads_it_gets_the_new_devi
     ref = put_claim(fake_api)
     fake_api.delay(0.3, verb="get", resource="resourceclaims", count=1)
     writer.prepared(ref, DEVICES[:1], None)
-    await asyncio.sleep(0.1)
+    await until(lambda: fake_api.calls["get", "resourceclaims"] == 1)  # the write reads it
     writer.prepared(ref, DEVICES, None)  # another allocation under the same uid
     await until(lambda: len(status_devices(fake_api)) == 2 and not writer.pending())
     assert {e["device"] for e in status_devices(fake_api)} == {d.device for d in DEVICES}
