@@ -54,9 +54,11 @@ class Supervisor:
     """Runs named root tasks on the event loop and keeps them running (see module doc)."""
 
     def __init__(self, policy: RestartPolicy | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._policy = policy or RestartPolicy()
         self._clock = clock
+        self._sleep = sleep
         self._keepers: dict[str, asyncio.Task[None]] = {}
         self._lock = threading.Lock()  # guards _down: /readyz reads it from its thread
         self._down: dict[str, str] = {}  # task name → why it is not running
@@ -121,7 +123,7 @@ class Supervisor:
                                  f"last {policy.window:g} s); restarting")
             log.error("root task died; restarting", task=name, error=reason,
                       restart_in=round(delay, 3), deaths=len(deaths), exc_info=error)
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
             log.info("restarting root task", task=name)
 
     def _set_down(self, name: str, why: str | None) -> None:

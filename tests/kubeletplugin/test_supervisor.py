@@ -13,6 +13,7 @@ from gpudra.kubeletplugin.supervisor import (
     Supervisor,
     describe,
 )
+from tests.fake_time import FakeTime
 
 FAST = RestartPolicy(initial=0.01, cap=0.05, max_deaths=4, window=60)
 
@@ -34,24 +35,32 @@ class Flaky:
         await asyncio.Event().wait()
 
 
-async def test_a_dead_task_is_restarted_until_it_runs():
-    supervisor = Supervisor(FAST)
+def supervised(policy: RestartPolicy) -> tuple[Supervisor, FakeTime]:
+    clock = FakeTime()
+    return Supervisor(policy, clock=clock.monotonic, sleep=clock.sleep), clock
+
+
+async def test_a_dead_task_is_restarted_with_back_off_until_it_runs():
+    supervisor, clock = supervised(FAST)
     task = Flaky(failures=3)
     supervisor.start("publisher", task.run)
+    for deaths in range(1, 4):
+        await clock.until_sleeping()  # waiting to restart, not restarted yet
+        assert task.runs == deaths and not task.running.is_set()
+        await clock.advance_to_next()
     await asyncio.wait_for(task.running.wait(), 5)
     assert task.runs == 4
     assert supervisor.problems() == []
+    first, second, third = clock.slept
+    assert 0.008 <= first <= 0.012 and 0.016 <= second <= 0.024 and third <= 0.05  # doubling
     await supervisor.stop()
 
 
 async def test_problems_name_the_task_and_why_while_it_waits_to_restart():
-    supervisor = Supervisor(RestartPolicy(initial=5, cap=5, max_deaths=3, window=60))
+    supervisor, clock = supervised(RestartPolicy(initial=5, cap=5, max_deaths=3, window=60))
     task = Flaky(failures=1)
     supervisor.start("publisher", task.run)
-    for _ in range(100):
-        if supervisor.problems():
-            break
-        await asyncio.sleep(0.01)
+    await clock.until_sleeping()
     (line,) = supervisor.problems()
     assert line.startswith("publisher: not running: died with RuntimeError: boom 1")
     assert "restarting" in line
@@ -60,9 +69,12 @@ async def test_problems_name_the_task_and_why_while_it_waits_to_restart():
 
 
 async def test_a_task_that_keeps_dying_is_given_up_on():
-    supervisor = Supervisor(FAST)
+    supervisor, clock = supervised(FAST)
     task = Flaky(failures=100)
     supervisor.start("publisher", task.run)
+    for _ in range(FAST.max_deaths - 1):
+        await clock.until_sleeping()
+        await clock.advance_to_next()
     with pytest.raises(RootTaskFailed) as failed:
         await asyncio.wait_for(supervisor.failed(), 5)
     assert task.runs == FAST.max_deaths
@@ -76,43 +88,47 @@ async def test_a_task_that_keeps_dying_is_given_up_on():
 
 
 async def test_returning_counts_as_dying():
-    supervisor = Supervisor(RestartPolicy(initial=0.01, cap=0.01, max_deaths=2, window=60))
+    supervisor, clock = supervised(RestartPolicy(initial=0.01, cap=0.01, max_deaths=2,
+                                                 window=60))
     runs = []
 
     async def quits() -> None:
         runs.append(1)
 
     supervisor.start("quitter", quits)
+    await clock.until_sleeping()
+    await clock.advance_to_next()
     with pytest.raises(RootTaskFailed, match="the last with ended without an error"):
         await asyncio.wait_for(supervisor.failed(), 5)
     assert len(runs) == 2
 
 
 async def test_deaths_older_than_the_window_do_not_count():
-    now = [0.0]
-    supervisor = Supervisor(RestartPolicy(initial=0.01, cap=0.01, max_deaths=2, window=10),
-                            clock=lambda: now[0])
+    supervisor, clock = supervised(RestartPolicy(initial=0.01, cap=0.01, max_deaths=2,
+                                                 window=10))
     deaths = []
+    alive = asyncio.Event()
 
     async def dies_once_per_window() -> None:
-        deaths.append(now[0])
-        now[0] += 11  # each death comes after the previous one has left the window
+        deaths.append(clock.now)
         if len(deaths) == 5:
+            alive.set()
             await asyncio.Event().wait()
+        clock.now += 11  # it runs until the previous death has left the window
         raise RuntimeError("rare")
 
     supervisor.start("rare", dies_once_per_window)
-    for _ in range(500):
-        if len(deaths) == 5:
-            break
-        await asyncio.sleep(0.01)
+    for _ in range(4):
+        await clock.until_sleeping()
+        await clock.advance_to_next()
+    await asyncio.wait_for(alive.wait(), 5)
     assert len(deaths) == 5  # never two within 10 s: never given up
     assert supervisor.problems() == []
     await supervisor.stop()
 
 
 async def test_a_name_runs_once():
-    supervisor = Supervisor(FAST)
+    supervisor, _ = supervised(FAST)
     task = Flaky(failures=0)
     supervisor.start("publisher", task.run)
     with pytest.raises(ValueError, match="already running"):
