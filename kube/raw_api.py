@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
+from gpudra.api import bounded_json
 from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
 from gpudra.kube.http_client import HttpError, Response
 from gpudra.kube.metrics import API_CALLS
@@ -71,7 +72,7 @@ def _target(name: str | None, namespace: str | None) -> str | None:
 def _status_fields(body: bytes) -> tuple[str, str, float | None]:
     """(reason, message, retryAfterSeconds) from a ``Status`` body, or its raw text."""
     try:
-        status = json.loads(body)
+        status = bounded_json.loads(body)
     except ValueError:
         return "", body[:MAX_MESSAGE].decode(errors="replace"), None
     if not isinstance(status, dict):
@@ -115,11 +116,12 @@ def _decoded(verb: str, resource: Resource, name: str | None, status: int,
              body: bytes) -> Obj:
     """A successful answer's JSON object, counted; BadAnswer if it is not one."""
     try:
-        obj = json.loads(body)
+        obj = bounded_json.loads(body)  # nesting bounded: the answer is untrusted
     except ValueError as exc:
+        deep = f": {exc}" if isinstance(exc, bounded_json.JsonTooDeep) else ""
         raise _counted(BadAnswer(verb, resource.plural, name, status=status,
                                  reason="BadJSON",
-                                 message="the server answered with invalid JSON")) from exc
+                                 message=f"the server answered with invalid JSON{deep}")) from exc
     if not isinstance(obj, dict):
         raise _counted(BadAnswer(verb, resource.plural, name, status=status,
                                  reason="BadJSON",
@@ -304,7 +306,7 @@ class WatchStream:
             if not line.strip():
                 continue
             try:
-                event = json.loads(line)
+                event = bounded_json.loads(line)
             except ValueError as exc:
                 raise BadAnswer("watch", self._resource.plural, None, status=200,
                                 reason="BadJSON",

@@ -1,14 +1,41 @@
-"""A fetched ResourceClaim (raw JSON) → what this driver must prepare, or why not."""
+"""A fetched ResourceClaim (raw JSON) → what this driver must prepare, or why not.
+
+The claim comes from the API server, which this daemon does not trust: it is validated
+against :mod:`.claim_schema` first, then every identifier this driver keeps (pool, device,
+request, share ID) against its Kubernetes rule (:mod:`gpudra.api.identifiers`), before
+any of it reaches a path, a CDI name, the hardware, a log line or a metric label. Every
+problem is a :class:`ClaimError` naming the claim and the field.
+"""
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from gpudra.api.api_limits import (
+    OPAQUE_PARAMETERS_MAX_LENGTH,
+    RESOURCE_SLICE_MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
+)
 from gpudra.api.claims import claim_ref
+from gpudra.api.identifiers import (
+    UUID_RE,
+    IdentifierError,
+    check_device,
+    check_pool,
+    check_request,
+    check_subdomain,
+    shown,
+)
 from gpudra.api.quantity import QuantityError, parse_quantity
 from gpudra.driver.claims import AllocatedDevice, ClaimError, ClaimToPrepare, OpaqueConfig
+from gpudra.kubeletplugin import claim_schema
+from gpudra.kubeletplugin.claim_schema import DeviceConfig, DeviceResult, ResourceClaim
+
+CONSUMED_MAX = RESOURCE_SLICE_MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
+"""Capacities one result may consume: no device has more capacities than this."""
 
 
 def decode_claim(
@@ -19,52 +46,73 @@ def decode_claim(
     Raises :class:`ClaimError` naming the claim and the field that is wrong.
     """
     ref = claim_ref(namespace, name, uid)
-    meta = raw.get("metadata") or {}
-    if meta.get("uid") != uid:
+    if not isinstance(raw, Mapping):
+        raise ClaimError(f"claim {ref}: the API server's answer is not an object")
+    try:
+        claim = ResourceClaim.model_validate(raw)
+    except ValidationError as exc:
+        raise ClaimError(f"claim {ref}: {claim_schema.problems(exc)}") from None
+    meta = claim.metadata
+    if meta.uid != uid:
         raise ClaimError(f"claim {ref}: the claim was replaced: the API server has uid "
-                         f"{meta.get('uid')!r} (metadata.uid)")
-    allocation = (raw.get("status") or {}).get("allocation")
-    if not allocation:
+                         f"{shown(meta.uid) if meta.uid is not None else None} (metadata.uid)")
+    for key, asked in (("namespace", namespace), ("name", name)):
+        have = getattr(meta, key)
+        if have is not None and have != asked:
+            raise ClaimError(f"claim {ref}: the API server answered with another claim: "
+                             f"metadata.{key} is {shown(have)}")
+    allocation = claim.status.allocation if claim.status is not None else None
+    if allocation is None or allocation.devices is None:
         raise ClaimError(f"claim {ref}: not allocated (status.allocation is empty)")
-    devices_part = allocation.get("devices") or {}
-    results = devices_part.get("results") or []
+    devices_part = allocation.devices
     mine = []
-    for i, result in enumerate(results):
-        if result.get("driver") != driver:
+    for i, result in enumerate(devices_part.results or ()):
+        if result.driver != driver:
             continue
-        for key in ("request", "pool", "device"):
-            if not isinstance(result.get(key), str) or not result[key]:
-                raise ClaimError(f"claim {ref}: status.allocation.devices.results[{i}].{key} "
-                                 "is missing")
-        mine.append(AllocatedDevice(
-            request=result["request"],
-            pool=result["pool"],
-            device=result["device"],
-            admin_access=bool(result.get("adminAccess")),
-            share_id=_share_id(ref, i, result.get("shareID")),
-            consumed=_consumed(ref, i, result.get("consumedCapacity")),
-        ))
+        mine.append(_device(ref, i, result))
     if not mine:
         raise ClaimError(f"claim {ref}: no devices allocated for driver {driver} "
                          "(status.allocation.devices.results)")
-    configs = _configs(ref, devices_part.get("config") or [], driver)
-    pods = tuple(entry["name"] for entry in (raw.get("status") or {}).get("reservedFor") or []
-                 if isinstance(entry, dict) and entry.get("resource") == "pods"
-                 and isinstance(entry.get("name"), str))
+    configs = _configs(ref, devices_part.config or [], driver)
+    pods = []
+    for i, entry in enumerate(claim.status.reservedFor or () if claim.status else ()):
+        if entry.resource == "pods" and entry.name is not None:
+            # Pod names become metric labels (usage): they must be what the API allows.
+            pods.append(_checked(ref, check_subdomain, entry.name,
+                                 f"status.reservedFor[{i}].name"))
     return ClaimToPrepare(uid=uid, namespace=namespace, name=name, devices=tuple(mine),
-                          configs=configs, pods=pods)
+                          configs=configs, pods=tuple(pods))
 
 
-# What the apiserver accepts for a shareID: a lower-case RFC 4122 UUID of 36 characters.
-_SHARE_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+def _checked(ref: str, check: Any, value: str, where: str) -> str:
+    try:
+        return str(check(value, where))
+    except IdentifierError as exc:
+        raise ClaimError(f"claim {ref}: {exc}") from None
+
+
+def _device(ref: str, i: int, result: DeviceResult) -> AllocatedDevice:
+    where = f"status.allocation.devices.results[{i}]"
+    for key in ("request", "pool", "device"):
+        if not getattr(result, key):
+            raise ClaimError(f"claim {ref}: {where}.{key} is missing")
+    return AllocatedDevice(
+        request=_checked(ref, check_request, result.request, f"{where}.request"),
+        pool=_checked(ref, check_pool, result.pool, f"{where}.pool"),
+        device=_checked(ref, check_device, result.device, f"{where}.device"),
+        admin_access=bool(result.adminAccess),
+        share_id=_share_id(ref, i, result.shareID),
+        consumed=_consumed(ref, i, result.consumedCapacity),
+    )
 
 
 def _share_id(ref: str, i: int, value: object) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not _SHARE_ID_RE.fullmatch(value):
+    if not isinstance(value, str) or not UUID_RE.fullmatch(value):
+        shown_value = shown(value) if isinstance(value, str) else repr(value)[:40]
         raise ClaimError(f"claim {ref}: status.allocation.devices.results[{i}].shareID "
-                         f"{value!r} is not a lower-case UUID")
+                         f"{shown_value} is not a lower-case UUID")
     return value
 
 
@@ -76,10 +124,13 @@ def _consumed(ref: str, i: int, value: object) -> tuple[tuple[str, int], ...]:
     if not isinstance(value, Mapping):
         raise ClaimError(f"claim {ref}: {where} must be a map of quantities, got "
                          f"{type(value).__name__}")
+    if len(value) > CONSUMED_MAX:
+        raise ClaimError(f"claim {ref}: {where} has {len(value)} entries, more than a device "
+                         f"has capacities ({CONSUMED_MAX})")
     amounts = []
     for name, raw in value.items():
-        if not isinstance(name, str) or not name:
-            raise ClaimError(f"claim {ref}: {where} has an empty capacity name")
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise ClaimError(f"claim {ref}: {where} has an empty or over-long capacity name")
         try:
             if not isinstance(raw, str | int) or isinstance(raw, bool):
                 raise QuantityError(f"expected a quantity string, got {raw!r}")
@@ -87,28 +138,35 @@ def _consumed(ref: str, i: int, value: object) -> tuple[tuple[str, int], ...]:
         except QuantityError as exc:
             raise ClaimError(f"claim {ref}: {where}.{name}: {exc}") from exc
         if amount < 0 or amount.denominator != 1:
-            raise ClaimError(f"claim {ref}: {where}.{name}: {raw!r} is not a whole, "
+            raise ClaimError(f"claim {ref}: {where}.{name}: {shown(str(raw))} is not a whole, "
                              "non-negative amount")
         amounts.append((name, int(amount)))
     return tuple(sorted(amounts))
 
 
-def _configs(ref: str, entries: list[Any], driver: str) -> tuple[OpaqueConfig, ...]:
+def _configs(ref: str, entries: list[DeviceConfig], driver: str) -> tuple[OpaqueConfig, ...]:
     """This driver's opaque configs, class configs first (lowest precedence), then the claim's."""
     found: list[OpaqueConfig] = []
     for i, entry in enumerate(entries):
-        opaque = (entry or {}).get("opaque")
-        if not opaque or opaque.get("driver") != driver:
+        opaque = entry.opaque
+        if opaque is None or opaque.driver != driver:
             continue  # other drivers' configs are theirs to judge
-        parameters = opaque.get("parameters")
+        where = f"status.allocation.devices.config[{i}]"
+        parameters = opaque.parameters
         if not isinstance(parameters, dict):
             kind = type(parameters).__name__ if parameters is not None else "null"
-            raise ClaimError(f"claim {ref}: status.allocation.devices.config[{i}].opaque."
-                             f"parameters must be a JSON object, got {kind}")
+            raise ClaimError(f"claim {ref}: {where}.opaque.parameters must be a JSON object, "
+                             f"got {kind}")
+        size = len(json.dumps(parameters, separators=(",", ":")))
+        if size > OPAQUE_PARAMETERS_MAX_LENGTH:
+            raise ClaimError(f"claim {ref}: {where}.opaque.parameters has {size} bytes, more "
+                             f"than the API allows ({OPAQUE_PARAMETERS_MAX_LENGTH})")
+        requests = tuple(_checked(ref, check_request, r, f"{where}.requests[{j}]")
+                         for j, r in enumerate(entry.requests or ()))
         found.append(OpaqueConfig(
-            requests=tuple(entry.get("requests") or ()),
+            requests=requests,
             parameters=parameters,
-            source=str(entry.get("source") or "FromClaim"),
+            source=entry.source or "FromClaim",
             position=i,
         ))
     # Stable sort keeps the order within each source; class configs rank below claim ones.

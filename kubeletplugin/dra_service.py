@@ -23,6 +23,7 @@ import grpc
 import structlog
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
+from gpudra.api.identifiers import shown
 from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
 from .interfaces import ClaimPreparer, PrepareOutcome
@@ -65,16 +66,20 @@ class _Batch:
         rejected: dict[str, str] = {}
         for wire in wire_claims:
             ref = ClaimRef(wire.namespace, wire.name, wire.uid)
-            claims.setdefault(ref.uid, ref)
+            if ref.uid in claims:
+                # The kubelet never sends a uid twice; when it happens the call is malformed,
+                # so the claim is refused and nothing is prepared for it, whichever of its
+                # entries came first (a valid one must not slip through beside a bad one).
+                valid.pop(ref.uid, None)
+                rejected[ref.uid] = f"claim {shown_ref(claims[ref.uid])} listed twice in one " \
+                                    "request"
+                continue
+            claims[ref.uid] = ref
             if not (ref.namespace and ref.name and ref.uid):
                 missing = [field for field in ("namespace", "name", "uid")
                            if not getattr(ref, field)]
-                rejected.setdefault(ref.uid, f"claim {ref}: {', '.join(missing)} must not be empty")
-            elif ref.uid in valid or ref.uid in rejected:
-                # The kubelet never sends a uid twice; when it happens the call is malformed,
-                # so the claim is refused and nothing is prepared for it.
-                first = valid.pop(ref.uid, ref)
-                rejected[ref.uid] = f"claim {first} listed twice in one request"
+                rejected[ref.uid] = f"claim {shown_ref(ref)}: {', '.join(missing)} must not " \
+                                    "be empty"
             else:
                 valid[ref.uid] = ref
         return cls(tuple(claims.values()), tuple(valid.values()), rejected)
@@ -154,7 +159,7 @@ class _Call:
             answered = handler(refs, wanted=context.is_active) if refs else {}
         except Exception as exc:
             log.exception("driver failed", method=self._method, request_id=self._request_id,
-                          claims=[str(ref) for ref in refs], duration_s=self._elapsed())
+                          claims=[shown_ref(ref) for ref in refs], duration_s=self._elapsed())
             context.abort(
                 grpc.StatusCode.INTERNAL,
                 f"{self._method}: internal error in the driver while handling "
@@ -178,7 +183,7 @@ class _Call:
         if error:
             self._failed += 1
             log.warning("claim failed", method=self._method, request_id=self._request_id,
-                        claim=str(ref), error=error)
+                        claim=shown_ref(ref), error=error)
         else:
             self._done[str(ref)] = list(devices)
 
@@ -204,7 +209,22 @@ class _Call:
 
 
 def _no_result(ref: ClaimRef) -> str:
-    return f"claim {ref}: the driver returned no result for it"
+    return f"claim {shown_ref(ref)}: the driver returned no result for it"
+
+
+SHOWN_REF_MAX = 400
+"""Characters of ``namespace/name:uid`` a log line shows as they are: a valid one has at
+most 63 + 253 + 36 + 2."""
+
+
+def shown_ref(ref: ClaimRef) -> str:
+    """How a log line or message names a claim the kubelet sent: ``namespace/name:uid``,
+    or, when that is over-long or not printable (a request nobody validated yet), each
+    part quoted, escaped and cut short."""
+    text = str(ref)
+    if len(text) <= SHOWN_REF_MAX and text.isprintable():
+        return text
+    return f"{shown(ref.namespace)}/{shown(ref.name)}:{shown(ref.uid)}"
 
 
 class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
+from gpudra.api.identifiers import claim_problems, shown
 from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
@@ -87,6 +88,9 @@ class Preparer:
                 wanted: Callable[[], bool] = always) -> Mapping[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
         told: list[tuple[ClaimRef, Sequence[PreparedDevice], ClaimToPrepare | None]] = []
+        claims, refused = _checked(claims)
+        for uid, problem in refused.items():
+            outcomes[uid] = self._failed(ClaimError(problem))
         # Already prepared (a kubelet retry or restart): answer from the checkpoint, no GET.
         known = self._state.prepared_many(ref.uid for ref in claims)
         for ref in claims:
@@ -103,12 +107,12 @@ class Preparer:
                 decoded.append((ref, decode_claim(raw, namespace=ref.namespace, name=ref.name,
                                                   uid=ref.uid, driver=self._driver)))
             except ClaimError as exc:
-                outcomes[ref.uid] = self._failed(ref, exc)
+                outcomes[ref.uid] = self._failed(exc)
         if decoded and not wanted():
             # The kubelet gave up (deadline) while the GETs ran: it may have unprepared the
             # claim since, and would never undo what we prepared now.
             for ref, _ in decoded:
-                outcomes[ref.uid] = self._failed(ref, ClaimError(
+                outcomes[ref.uid] = self._failed(ClaimError(
                     f"claim {ref}: the kubelet stopped waiting before the device work "
                     "began; nothing was prepared"))
             decoded = []
@@ -119,7 +123,7 @@ class Preparer:
             for ref, claim in decoded:
                 result = results[claim.uid]
                 if isinstance(result, ClaimError):
-                    outcomes[ref.uid] = self._failed(ref, result)
+                    outcomes[ref.uid] = self._failed(result)
                     continue
                 metrics.PREPARE_SECONDS.observe(each)
                 outcomes[ref.uid] = PrepareOutcome(devices=result)
@@ -202,19 +206,20 @@ class Preparer:
             observer.unprepared(ref)
 
     @staticmethod
-    def _failed(ref: ClaimRef, exc: ClaimError) -> PrepareOutcome:
+    def _failed(exc: ClaimError) -> PrepareOutcome:
         metrics.PREPARE_ERRORS.labels(metrics.error_reason(str(exc))).inc()
         return PrepareOutcome(error=str(exc))
 
     def unprepare(self, claims: Sequence[ClaimRef], *,
                   wanted: Callable[[], bool] = always) -> Mapping[str, str | None]:
         # Done even when the kubelet gave up: unpreparing is what it asked for in the end.
+        claims, refused = _checked(claims)
+        errors: dict[str, str | None] = dict(refused)
         if not claims:
-            return {}
+            return errors
         started = time.perf_counter()
         results = self._state.unprepare_many([r.uid for r in claims])
         each = (time.perf_counter() - started) / len(claims)
-        errors: dict[str, str | None] = {}
         done: list[ClaimRef] = []
         for ref in claims:
             error = results[ref.uid]
@@ -230,3 +235,20 @@ class Preparer:
         if done and self._observer is not None:
             self._on_loop(functools.partial(self._tell_unprepared, self._observer), done)
         return errors
+
+
+def _checked(claims: Sequence[ClaimRef]) -> tuple[Sequence[ClaimRef], dict[str, str]]:
+    """The kubelet's claims whose namespace, name and uid have their Kubernetes form, and
+    the error of each other one, by uid. The kubelet passes what the API server told it
+    unchecked, and the uid names the claim's MPS directory and CDI spec: a claim whose
+    identifiers are wrong is refused before the checkpoint, the API server or the disk
+    hear of it."""
+    refused: dict[str, str] = {}
+    for ref in claims:
+        problems = claim_problems(ref.namespace, ref.name, ref.uid)
+        if problems:
+            refused[ref.uid] = (f"claim {shown(ref.namespace)}/{shown(ref.name)}:"
+                                f"{shown(ref.uid)}: {'; '.join(problems)}")
+    if not refused:
+        return claims, refused
+    return [ref for ref in claims if ref.uid not in refused], refused

@@ -18,6 +18,11 @@ failed one each second, like the kubelet's plugin watcher and reconciler. A daem
 waits for registration before publishing needs one of those running.
 
 Emulate a 1.32/1.33 kubelet (v1beta1 only) with ``services=(DRA_V1BETA1_ADVERTISED,)``.
+
+Hostile mode (:meth:`KubeletEmulator.send_raw`, :func:`raw_claims`): a request with any
+fields at all, empty, huge, path-shaped, not UTF-8, repeated or unknown, written on the wire
+by hand (protobuf's own classes refuse some of these), and the plain answer back, without
+the kubelet's checks of it.
 """
 
 from __future__ import annotations
@@ -246,6 +251,27 @@ class KubeletEmulator:
         _check_claims("NodeUnprepareResources", claims, response)
         return {uid: {"error": result.error} for uid, result in response.claims.items()}
 
+    async def send_raw(self, method: str, request: bytes, *,
+                       driver: str | None = None) -> RawAnswer:
+        """Hostile mode: send ``request`` (wire bytes, e.g. :func:`raw_claims`) as
+        ``method`` (``NodePrepareResources`` or ``NodeUnprepareResources``) and return the
+        answer as it came, a gRPC error status included; nothing of it is checked."""
+        instance = self.instance(driver)
+        pb2 = _MODULES[instance.service][0]
+        service = pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
+        response_type = getattr(pb2, f"{method}Response")
+        call = instance.channel.unary_unary(
+            f"/{service}/{method}", request_serializer=None,
+            response_deserializer=response_type.FromString)
+        try:
+            response = await call(request, timeout=self.call_timeout)
+        except grpc.aio.AioRpcError as exc:
+            return RawAnswer(exc.code(), exc.details() or "", {})
+        claims = {uid: {"error": result.error,
+                        "devices": [_device(d) for d in getattr(result, "devices", ())]}
+                  for uid, result in response.claims.items()}
+        return RawAnswer(grpc.StatusCode.OK, "", claims)
+
     async def close(self) -> None:
         while self.instances:
             await self.instances.pop().channel.close()
@@ -296,6 +322,48 @@ class KubeletEmulator:
             raise
         stub = _MODULES[service][1].DRAPluginStub(channel)
         return PluginInstance(info.name, info.endpoint, service, socket, info, channel, stub)
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """What a plugin answered to a hostile request: the gRPC status, its details, and the
+    per-claim entries (``{uid: {"error": str, "devices": [...]}}``) when it was OK."""
+
+    code: Any
+    details: str
+    claims: dict[str, dict[str, Any]]
+
+
+def _field(number: int, value: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def raw_claim(namespace: str | bytes = b"", uid: str | bytes = b"", name: str | bytes = b"",
+              *, extra: bytes = b"") -> bytes:
+    """A ``Claim`` message on the wire (v1 and v1beta1 share it: namespace 1, uid 2,
+    name 3); bytes are written as they are (not UTF-8, NUL), ``extra`` appended (unknown or
+    repeated fields)."""
+    def data(value: str | bytes) -> bytes:
+        return value.encode() if isinstance(value, str) else value
+
+    return (_field(1, data(namespace)) + _field(2, data(uid)) + _field(3, data(name))
+            + extra)
+
+
+def raw_claims(claims: Iterable[bytes], *, extra: bytes = b"") -> bytes:
+    """A ``NodePrepareResourcesRequest`` / ``NodeUnprepareResourcesRequest`` (``claims`` is
+    field 1 of both) holding the given :func:`raw_claim` messages."""
+    return b"".join(_field(1, claim) for claim in claims) + extra
 
 
 class BackgroundKubelet:

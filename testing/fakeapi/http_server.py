@@ -17,11 +17,12 @@ import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from gpudra.testing.fakeapi import discovery, routing
 from gpudra.testing.fakeapi.errors import ApiError, page_not_found
 from gpudra.testing.fakeapi.faults import Faults, RequestRecord
+from gpudra.testing.fakeapi.hostile import AsGiven
 from gpudra.testing.fakeapi.operations import Api
 from gpudra.testing.fakeapi.request import Request
 from gpudra.testing.fakeapi.watch import WatchControl, WatchStream
@@ -36,10 +37,11 @@ class ApiHttpServer(ThreadingHTTPServer):
     request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], api: Api, faults: Faults,
-                 control: WatchControl) -> None:
+                 control: WatchControl, as_given: AsGiven | None = None) -> None:
         super().__init__(address, ApiHandler)
         self.api = api
         self.faults = faults
+        self.as_given = as_given or AsGiven()
         self.control = control
         self.stopping = threading.Event()  # also cuts injected delays short
         self._lock = threading.Lock()
@@ -205,6 +207,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             req = Request(route.resource, route.namespace, route.name, route.subresource, query,
                           body, self.headers.get("Content-Type", ""),
                           self.headers.get("User-Agent", ""))
+            if verb == "get" and self._serve_as_given(record, route):
+                return
             api = self.server.api
             if verb == "watch":
                 self.server.faults.set_status(record, 200)
@@ -229,6 +233,16 @@ class ApiHandler(BaseHTTPRequestHandler):
             traceback.print_exc(file=sys.stderr)
             internal = ApiError(500, "InternalError", f"Internal error occurred: {exc!r}")
             self._send_json(500, internal.status())
+
+    def _serve_as_given(self, record: RequestRecord, route: routing.Route) -> bool:
+        """Answer with the body a test set for this object, unchecked; whether there was one."""
+        key = (route.audit_resource, route.namespace or "", unquote(route.name or ""))
+        body = self.server.as_given.get(key)
+        if body is None:
+            return False
+        self.server.faults.set_status(record, 200)
+        self._send(200, body, "application/json")
+        return True
 
     def _serve_discovery(self, method: str, path: str) -> None:
         if method != "GET":

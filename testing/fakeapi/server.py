@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gpudra.testing.fakeapi.faults import WRITE_VERBS, Faults, RequestRecord
+from gpudra.testing.fakeapi.hostile import AsGiven, encoded
 from gpudra.testing.fakeapi.http_server import ApiHttpServer
 from gpudra.testing.fakeapi.operations import Api
 from gpudra.testing.fakeapi.patch import merge_patch
@@ -41,6 +42,7 @@ class FakeApiServer:
         self.store = Store(max_history=max_history)
         self._control = WatchControl(self.store)
         self._faults = Faults()
+        self._as_given = AsGiven()
         self._api = Api(self.store, self._control)
         self._api.bookmark_interval = bookmark_interval
         self._address = (host, port)
@@ -52,7 +54,8 @@ class FakeApiServer:
     def start(self) -> FakeApiServer:
         if self._httpd is not None:
             raise RuntimeError("already started")
-        self._httpd = ApiHttpServer(self._address, self._api, self._faults, self._control)
+        self._httpd = ApiHttpServer(self._address, self._api, self._faults, self._control,
+                                    self._as_given)
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.02},
                                         name="fakeapi-accept", daemon=True)
@@ -127,6 +130,25 @@ class FakeApiServer:
 
     def clear_faults(self) -> None:
         self._faults.clear()
+
+    def serve_as_given(self, kind: str, name: str, body: object,
+                       namespace: str | None = None) -> None:
+        """Hostile mode: answer every GET of this object with ``body``, unchecked (bytes as
+        they are, anything else JSON-encoded as it is; see :mod:`.hostile`). Lists, watches
+        and writes still see the stored object, if any."""
+        rt = lookup(kind)
+        ns = (namespace or "default") if rt.namespaced else ""
+        self._as_given.set((rt.plural, ns, name), encoded(body))
+
+    def forget_as_given(self, kind: str | None = None, name: str | None = None,
+                        namespace: str | None = None) -> None:
+        """Serve the stored object again (every object, without arguments)."""
+        if kind is None or name is None:
+            self._as_given.forget()
+            return
+        rt = lookup(kind)
+        ns = (namespace or "default") if rt.namespaced else ""
+        self._as_given.forget((rt.plural, ns, name))
 
     def close_watches(self) -> None:
         """End every open watch stream cleanly (clients normally re-watch)."""
