@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from gpudra.driver.files import atomic_write, fsync_directory
+from gpudra.driver.files import atomic_write, fsync_directory, make_dirs, open_created, write_all
 
 CDI_CLASS = "claim"
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
@@ -368,8 +368,8 @@ def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None
     tmp = f".{name}.tmp-{os.getpid()}"
     try:
         if durable:
-            cdi_root.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, content, tmp=cdi_root / tmp, mode=0o644)
+            make_dirs(cdi_root, ROOT_MODE)
+            atomic_write(path, content, tmp=cdi_root / tmp, mode=SPEC_MODE)
         else:
             _replace_unsynced(cdi_root, name, tmp, content)
     except OSError as err:
@@ -377,7 +377,14 @@ def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None
     return path
 
 
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_TRUNC
+# Container runtimes read the specs (containerd and CRI-O as root, but also rootless
+# podman, and tools listing devices as a user): world-readable, as every CDI writer
+# (nvidia-ctk, the CDI library's spec cache) makes them. A spec holds device paths, mounts
+# and environment, no secret; nobody but us may write one (it decides what a container
+# gets), hence 0644 and a 0755 root, not the umask's 0666/0777.
+SPEC_MODE = 0o644
+ROOT_MODE = 0o755
 
 
 def _replace_unsynced(directory: Path, name: str, tmp: str, content: bytes) -> None:
@@ -386,15 +393,13 @@ def _replace_unsynced(directory: Path, name: str, tmp: str, content: bytes) -> N
     root = os.fspath(directory)
     tmp_path = f"{root}/{tmp}"
     try:
-        fd = os.open(tmp_path, _CREATE, 0o644)
+        fd = open_created(tmp_path, _CREATE, SPEC_MODE)
     except FileNotFoundError:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp_path, _CREATE, 0o644)
+        make_dirs(directory, ROOT_MODE)
+        fd = open_created(tmp_path, _CREATE, SPEC_MODE)
     try:
         try:
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, content, f"{root}/{name}")
         finally:
             os.close(fd)
         os.replace(tmp_path, f"{root}/{name}")  # noqa: PTH105

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpudra.driver.checkpoint_codec import CheckpointError
+from gpudra.driver.files import FILE_MODE
 from gpudra.driver.flock import reopened_lock_file, wait_for_flock
 
 _POLL_SECONDS = 0.02
@@ -57,7 +58,7 @@ class CheckpointLock:
 
     def _flock(self, deadline: float, timeout: float) -> None:
         kept, self._fd = self._fd, None  # not ours until reopened_lock_file returns
-        fd = self._fd = reopened_lock_file(str(self.path), kept, 0o644)
+        fd = self._fd = reopened_lock_file(str(self.path), kept, FILE_MODE)
         if not wait_for_flock(fd, deadline, _POLL_SECONDS):
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise CheckpointLockTimeout(

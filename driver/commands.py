@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpudra.driver.driver_root import DriverRoot
+from gpudra.driver.files import CHILD_UMASK
 
 # A root's own PATH inside a chroot; also where chroot(8) and unshare(1) are found.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -114,7 +115,8 @@ class HostCommandRunner:
         command, full_env = self.command(argv, env)
         try:
             done = subprocess.run(command, input=stdin, capture_output=True, text=True,
-                                  env=full_env, timeout=self.timeout, check=False)
+                                  env=full_env, timeout=self.timeout, check=False,
+                                  umask=CHILD_UMASK)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise CommandError(f"{' '.join(argv)}: {exc}") from exc
         if done.returncode != 0:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from pathlib import Path
+
+from gpudra.driver.files import PRIVATE_DIR_MODE, make_dirs, open_created
 
 
 def wait_for_flock(fd: int, deadline: float, poll: float) -> bool:
@@ -26,7 +29,8 @@ def wait_for_flock(fd: int, deadline: float, poll: float) -> bool:
 
 def reopened_lock_file(path: str, fd: int | None, mode: int) -> int:
     """``fd`` while it is still the file at ``path``, else ``path`` opened (created, with its
-    directory) and ``fd`` closed.
+    directory; exactly ``mode`` and a private directory, whatever the umask) and ``fd``
+    closed.
 
     Lock files stay open between holds (opening one is a path walk per kubelet call); one
     removed or replaced meanwhile would be locked in vain, so the one there now is locked.
@@ -38,5 +42,5 @@ def reopened_lock_file(path: str, fd: int | None, mode: int) -> int:
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.makedirs(os.path.dirname(path), exist_ok=True)  # noqa: PTH103, PTH120
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    make_dirs(Path(os.path.dirname(path)), PRIVATE_DIR_MODE)  # noqa: PTH120
+    return open_created(path, os.O_RDWR, mode)

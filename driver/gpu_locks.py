@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from gpudra.driver.files import FILE_MODE
 from gpudra.driver.flock import reopened_lock_file, wait_for_flock
 
 
@@ -43,7 +44,7 @@ class GpuLocks:
         path = self._paths.get(uuid)
         if path is None:
             path = self._paths[uuid] = str(self.directory / f"{uuid}.lock")
-        fd = self._fds[uuid] = reopened_lock_file(path, self._fds.pop(uuid, None), 0o600)
+        fd = self._fds[uuid] = reopened_lock_file(path, self._fds.pop(uuid, None), FILE_MODE)
         return fd
 
     def __del__(self) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from gpudra.api.configs import MpsConfig
-from gpudra.driver import mps_process
+from gpudra.driver import files, mps_process
 from gpudra.driver.cdi import ContainerEdits, Mount
 from gpudra.driver.commands import CommandError, CommandRunner
 
@@ -144,8 +144,13 @@ class MpsManager:
         running (the directories are the caller's undo: :meth:`stop`)."""
         daemon = self.daemon_for(claim_uid)
         self._quit_running(daemon, claim_uid)
-        for folder in (daemon.pipe_dir, daemon.log_dir, daemon.shm_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(daemon.directory, files.DIR_MODE)
+        # The pipe and log dirs are bind-mounted into the claim's containers, whose user
+        # need not be root: searchable by all (as a default umask left them), writable only
+        # by root. shm/ is private until its tmpfs (mode 1777) is mounted over it.
+        for folder, mode in ((daemon.pipe_dir, 0o755), (daemon.log_dir, 0o755),
+                             (daemon.shm_dir, files.PRIVATE_DIR_MODE)):
+            files.make_dirs(folder, mode)
         # Empty, not re-created: running containers bind-mount these very directories, so
         # a restarted daemon's socket must appear in the same inode.
         _clear(daemon.pipe_dir)

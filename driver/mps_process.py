@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpudra.driver import files
+
 # What the first arguments of a control daemon's command line name: the real binary, or
 # the simulated node's stand-in (``python -IS <SIM_CONTROL>``; ``python -m
 # gpudra.driver.sim.mps_daemon`` in earlier versions, still adopted).
@@ -40,10 +42,9 @@ def read_pid(path: Path) -> int | None:
 
 
 def write_pid(path: Path, pid: int) -> None:
-    """Write a pid file atomically (a reader never sees half a number)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{pid}\n")
-    tmp.replace(path)
+    """Write a pid file atomically (a reader never sees half a number), only ours to read."""
+    files.atomic_write(path, f"{pid}\n".encode(), tmp=path.with_name(path.name + ".tmp"),
+                       mode=files.FILE_MODE, durable=False)
 
 
 def _state(pid: int) -> str | None:

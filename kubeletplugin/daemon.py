@@ -315,10 +315,11 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
 
 def _open_nvml(config: NodeConfig) -> Nvml:
     """NVML, real or simulated; blocking (a simulated node writes its state)."""
+    from gpudra.driver.files import DIR_MODE, make_dirs
     from gpudra.driver.nvml import open_nvml
 
     paths = config.paths
-    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(paths.data_dir, DIR_MODE)  # modes of our own, not the umask's
     return open_nvml(simulate=config.simulate, sim_state=paths.sim_state,
                      driver_root=paths.driver_root)
 

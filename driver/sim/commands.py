@@ -23,6 +23,7 @@ from typing import Any
 
 from gpudra.driver import mps_process
 from gpudra.driver.commands import CommandError
+from gpudra.driver.files import CHILD_UMASK
 from gpudra.driver.sim.mps_daemon import REPLY
 
 STARTUP_TIMEOUT = 5.0
@@ -91,7 +92,7 @@ class SimulatedCommandRunner:
                  str(logs)],
                 env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, check=True, timeout=STARTUP_TIMEOUT,
-                start_new_session=True)
+                start_new_session=True, umask=CHILD_UMASK)  # as CommandRunner.run does
             if not mps_process.wait_for(control.exists, STARTUP_TIMEOUT):
                 raise CommandError("nvidia-cuda-mps-control -d: daemon did not start")
             return ""
