@@ -667,6 +667,60 @@ def test_policy_confines_the_daemon_to_its_node(operation, node, new, old, allow
         assert f"node {node}" in message and "n2" in message
 
 
+def _pool_slice(node: str, pool: str | None, driver: str | None = "gpu.nvidia.com",
+                ) -> dict[str, Any]:
+    spec: dict[str, Any] = {"nodeName": node}
+    if pool is not None:
+        spec["pool"] = {"name": pool, "generation": 1, "resourceSliceCount": 1}
+    if driver is not None:
+        spec["driver"] = driver
+    return {"spec": spec}
+
+
+# (operation, new slice, old slice, words the refusal must have); the daemon is on n1 and
+# every slice's nodeName is n1: only the pool or the driver is someone else's.
+OWN = _pool_slice("n1", "n1")
+FOREIGN_POOL = _pool_slice("n1", "n2")
+FOREIGN_DRIVER = _pool_slice("n1", "n1", "other.example.com")
+
+
+@pytest.mark.parametrize(("operation", "new", "old", "refusal"), [
+    ("CREATE", OWN, None, None),
+    ("UPDATE", OWN, OWN, None),
+    ("DELETE", None, OWN, None),
+    ("CREATE", FOREIGN_POOL, None, "may not write a ResourceSlice of pool n2"),
+    ("CREATE", _pool_slice("n1", None), None, "without spec.pool.name"),
+    ("UPDATE", FOREIGN_POOL, OWN, "may not write a ResourceSlice of pool n2"),
+    ("UPDATE", OWN, FOREIGN_POOL, "may not change a ResourceSlice of pool n2"),
+    ("DELETE", None, FOREIGN_POOL, "may not change a ResourceSlice of pool n2"),
+    ("CREATE", FOREIGN_DRIVER, None,
+     "may write ResourceSlices of driver gpu.nvidia.com only, not other.example.com"),
+    ("CREATE", _pool_slice("n1", "n1", None), None, "not one without spec.driver"),
+    ("UPDATE", FOREIGN_DRIVER, OWN, "only, not other.example.com"),
+    ("UPDATE", OWN, FOREIGN_DRIVER,
+     "may change ResourceSlices of driver gpu.nvidia.com only, not other.example.com"),
+    ("DELETE", None, FOREIGN_DRIVER, "only, not other.example.com"),
+], ids=["own-create", "own-update", "own-delete", "pool-create", "no-pool", "pool-update-to",
+        "pool-update-from", "pool-delete", "driver-create", "no-driver", "driver-update-to",
+        "driver-update-from", "driver-delete"])
+def test_policy_confines_the_daemon_to_its_pool_and_driver(operation, new, old, refusal):
+    # nodeName alone let a node's credentials publish into another node's pool, or
+    # devices of another driver (issue 27 item 8).
+    allowed, message = admit(slice_policy(objects()), operation=operation, node="n1",
+                             obj=new, old=old)
+    assert allowed is (refusal is None), message
+    if refusal is not None:
+        assert message.startswith("the daemon on node n1 ") and refusal in message, message
+
+
+def test_the_slice_policy_follows_the_driver_name():
+    policy = slice_policy(objects({"driverName": "gpu.example.com"}))
+    assert admit(policy, operation="CREATE", node="n1",
+                 obj=_pool_slice("n1", "n1", "gpu.example.com"))[0] is True
+    allowed, message = admit(policy, operation="CREATE", node="n1", obj=OWN)
+    assert not allowed and "of driver gpu.example.com only, not gpu.nvidia.com" in message
+
+
 def test_policy_refuses_slices_without_a_node():
     policy = slice_policy(objects())
     allowed, message = admit(policy, operation="CREATE", node="n1", obj=_slice(None))
@@ -1078,3 +1132,21 @@ def test_prometheus_rule_is_opt_in_with_the_two_alerts():
 
 def test_rule_values_are_checked_by_the_schema():
     assert "xidWindow" in render_error({"metrics": {"prometheusRule": {"xidWindow": "ten"}}})
+
+
+def test_the_slices_the_daemon_publishes_pass_the_slice_policy(capsys, tmp_path):
+    # What the daemon publishes for a simulated DGX H100 (`gpudra inventory -o json`
+    # prints exactly those slices, every slice of its one pool) is admitted on create,
+    # update and delete: the confinement refuses nothing of ours.
+    from gpudra.cli.main import main
+
+    assert main(["inventory", "--simulate", "dgx-h100", "--sim-state", str(tmp_path),
+                 "--node-name", "n1", "-o", "json"]) == 0
+    slices = json.loads(capsys.readouterr().out)["items"]
+    policy = slice_policy(objects())
+    assert len(slices) > 1
+    for obj in slices:
+        for operation, new, old in (("CREATE", obj, None), ("UPDATE", obj, obj),
+                                    ("DELETE", None, obj)):
+            assert admit(policy, operation=operation, node="n1", obj=new, old=old) == (True, "")
+    assert admit(policy, operation="CREATE", node="n2", obj=slices[0])[0] is False
