@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from gpudra.driver.files import atomic_write, fsync_directory, make_dirs, open_created, write_all
+from gpudra.driver.paths import UnsafePath, child, child_path
 
 CDI_CLASS = "claim"
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
@@ -223,7 +224,7 @@ def spec_file_name(driver: str, claim_uid: str) -> str:
 
 
 def spec_path(cdi_root: Path, driver: str, claim_uid: str) -> Path:
-    return cdi_root / spec_file_name(driver, claim_uid)
+    return child_path(cdi_root, spec_file_name(driver, claim_uid), "CDI spec name")
 
 
 def validate_names(kind: str, device_names: Sequence[str]) -> None:
@@ -361,7 +362,10 @@ def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None
     if _version_tuple(declared) < _version_tuple(needed):
         raise CdiError(f"spec declares cdiVersion {declared!r} but its content needs {needed}")
     name = spec_file_name(vendor_part.removeprefix("k8s."), uid)
-    path = cdi_root / name
+    try:
+        path = child_path(cdi_root, name, "CDI spec name")
+    except UnsafePath as err:
+        raise CdiError(str(err)) from None
     # One line: indentation would switch json to its pure-Python encoder, on the hot path.
     content = (json.dumps(spec) + "\n").encode()
     # Hidden and not ending in .json, so runtimes scanning the directory ignore it.
@@ -431,7 +435,7 @@ def remove_spec(cdi_root: Path, driver: str, claim_uid: str) -> bool:
     """Delete a claim's spec; ``False`` when there was none (unprepare is idempotent)."""
     name = spec_file_name(driver, claim_uid)
     try:
-        os.unlink(f"{os.fspath(cdi_root)}/{name}")  # noqa: PTH108 - per unprepare: no Path
+        os.unlink(child(cdi_root, name, "CDI spec name"))  # noqa: PTH108 - per unprepare: no Path
     except FileNotFoundError:
         return False
     except OSError as err:

@@ -28,6 +28,7 @@ from gpudra.api.configs import MpsConfig
 from gpudra.driver import files, mps_process
 from gpudra.driver.cdi import ContainerEdits, Mount
 from gpudra.driver.commands import CommandError, CommandRunner
+from gpudra.driver.paths import child_path, remove_tree
 
 log = structlog.get_logger(__name__)
 
@@ -124,7 +125,9 @@ class MpsManager:
         self.timeout = timeout
 
     def daemon_for(self, claim_uid: str) -> MpsDaemon:
-        return MpsDaemon(self.base_dir / claim_uid)
+        """The daemon's directory: one plain component under ``base_dir``, checked (a key
+        from a checkpoint this version did not write could name any path)."""
+        return MpsDaemon(child_path(self.base_dir, claim_uid, "MPS daemon key"))
 
     def running_pid(self, claim_uid: str) -> int | None:
         """The pid of the claim's live control daemon, checked in /proc; else ``None``.
@@ -205,7 +208,7 @@ class MpsManager:
         if daemon.shm_dir.is_mount():
             # Lazy: a container being torn down may still hold it; it goes when they do.
             _run(["umount", "--lazy", str(daemon.shm_dir)])
-        shutil.rmtree(daemon.directory, ignore_errors=True)
+        remove_tree(self.base_dir, daemon.directory)
 
     def _quit_running(self, daemon: MpsDaemon, claim_uid: str) -> None:
         """``quit`` through the control pipe, then signals, each with a deadline."""
