@@ -160,6 +160,8 @@ def _demo(profile: str, base: Path) -> None:
                      "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
                      "--http-address", f"127.0.0.1:{http}", "--log-format", "json",
                      "--shareable-gpus", str(SHARED_GPU),
+                     # One node: dynamic MIG's cluster-wide cost (README) does not arise.
+                     "--dynamic-mig-gpus", "all",
                      "--usage-interval", f"{DEMO_USAGE_INTERVAL}s"]
         # A kubelet registers the daemon as its sockets appear: it publishes only then.
         with BackgroundKubelet(base / "registry"), \

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudra.cli.mig_flags import add_mig_flags
 from gpudra.cli.options import CliError, add_simulation_flags, env
 from gpudra.cli.output import EXIT_STATUS_HELP, UsageError, add_output_flag, emit, table
 
@@ -62,6 +63,7 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--shareable-gpus", default=env("SHAREABLE_GPUS", "none"),
                         help="GPUs of the simulated node that publish a shared device: all, "
                              "none, or minors/UUIDs (as the node daemon's flag)")
+    add_mig_flags(parser)  # the simulated node's dynamic MIG, as the node daemon's flags
     add_output_flag(parser, "every node's allocation and trace")
     parser.set_defaults(run=run)
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from gpudra.api.quantity import format_quantity
+from gpudra.cli.mig_flags import add_mig_flags, mig_offer
 from gpudra.cli.options import (
     CliError,
     add_driver_flags,
@@ -48,6 +49,7 @@ def add_parser(sub: Any) -> None:
         epilog=EXIT_STATUS_HELP)
     add_driver_flags(parser)
     add_simulation_flags(parser)
+    add_mig_flags(parser)
     add_output_flag(parser, "the node's ResourceSlices as a List, whole")
     parser.add_argument("--gpu", action="append", metavar="N|UUID",
                         help="only the devices of this GPU: N as in the device names (gpu-N), "
@@ -63,6 +65,7 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
     try:  # a bad flag value: a usage error (exit status 2) for the commands that print
         gates = feature_gates(args)
         check_simulate_profile(args)
+        offer = mig_offer(args)
     except CliError as exc:
         raise UsageError(str(exc)) from exc
     with nvml_session(args) as nvml:
@@ -78,7 +81,7 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
     if not gates.enabled("ConsumableCapacity"):
         shareable = NONE
     return build_devices(inventory, ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
-                                                 shareable=shareable))
+                                                 mig=offer, shareable=shareable))
 
 
 def run(args: argparse.Namespace) -> int:

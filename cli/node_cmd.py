@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import structlog
 
 from gpudra.cli.logs import LogFormat, configure_logging, fatal_line, resolve_format
+from gpudra.cli.mig_flags import add_mig_flags, mig_offer
 from gpudra.cli.options import (
     CliError,
     add_driver_flags,
@@ -111,6 +112,7 @@ def add_parser(sub: Any) -> None:
                              "(class gpu-share.nvidia.com): all, none, or comma-separated "
                              "minor numbers or UUIDs (env SHAREABLE_GPUS; default none; needs "
                              "the ConsumableCapacity gate)")
+    add_mig_flags(parser)
     parser.add_argument("--shutdown-grace", type=float, default=env("SHUTDOWN_GRACE", "10"),
                         help="seconds in-flight calls may take to finish at shutdown "
                              "(env SHUTDOWN_GRACE; default 10)")
@@ -135,7 +137,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     check_simulate_profile(args)
     return NodeConfig(
         node_name=node_name(args), driver_name=args.driver_name, gates=feature_gates(args),
-        shareable=_shareable(args),
+        shareable=_shareable(args), mig=mig_offer(args),
         health=_health_policy(args), kubeconfig=args.kubeconfig or None,
         registrar_dir=args.registrar_dir, plugins_dir=args.plugins_dir,
         cdi_root=args.cdi_root, driver_root=args.driver_root,

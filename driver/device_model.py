@@ -37,6 +37,7 @@ from gpudra.driver.mig import (
     gpu_counters,
     placement_order,
 )
+from gpudra.driver.mig_offer import EVERY, MigOffer, disjoint_order, disjoint_set, profile_order
 
 if TYPE_CHECKING:  # annotations only: `gpudra validate` reads the schema without NVML
     from gpudra.driver.inventory import GpuRecord, NodeInventory
@@ -90,7 +91,10 @@ ARCHITECTURES = {
 @dataclass(frozen=True)
 class ModelOptions:
     dynamic_mig: bool = True
-    """Publish every (profile, placement) of idle MIG-capable GPUs (feature gate DynamicMIG)."""
+    """Feature gate DynamicMIG: off, no GPU offers MIG devices made on demand."""
+    mig: MigOffer = EVERY
+    """Which GPUs offer them, of which profiles, placed how (``--dynamic-mig-*``; the
+    daemon's default offers none: see ``gpudra.driver.mig_offer``)."""
     owned_mig_uuids: Collection[str] = ()
     """MIG devices this driver created for prepared claims; not admin-made (static) MIG."""
     shareable: ShareableGpus = NONE
@@ -161,11 +165,22 @@ def _mig_attributes(
     return attrs
 
 
+def _offered(gpu: GpuRecord, options: ModelOptions) -> list[MigProfile]:
+    """The profiles this GPU offers made on demand; none when it offers no dynamic MIG."""
+    if not (options.dynamic_mig and gpu.mig_capable
+            and options.mig.covers(gpu.probe.minor, gpu.probe.uuid)):
+        return []
+    return profile_order(options.mig, gpu.mig_profiles)
+
+
 def _is_static(gpu: GpuRecord, options: ModelOptions) -> bool:
-    """MIG enabled with partitions we did not make: an admin's static layout, keep it."""
+    """MIG enabled with partitions we did not make: an admin's static layout, keep it.
+
+    A GPU that offers no dynamic MIG (any more) lists the instances it holds as static
+    ones, ours included: under their own names, so an allocated device stays published."""
     if gpu.mig_mode is None or not gpu.mig_mode.current:
         return False
-    if not options.dynamic_mig:
+    if not _offered(gpu, options):
         return True
     return any(m.uuid not in options.owned_mig_uuids for m in gpu.mig_instances)
 
@@ -214,20 +229,34 @@ def _plain_shared(inv: NodeInventory, gpu: GpuRecord) -> tuple[CounterSet, list[
 
 
 def _dynamic_mig_devices(
-    inv: NodeInventory, gpu: GpuRecord, options: ModelOptions
+    inv: NodeInventory, gpu: GpuRecord, options: ModelOptions, ordered: list[MigProfile]
 ) -> tuple[CounterSet, list[Device]]:
+    """``placements: all``: the full GPU, its share, every placement; counters between."""
     minor = gpu.probe.minor
-    counters = gpu_counters(minor, gpu.mig_profiles)
+    # Counters of the offered profiles only: the same proof (every packing of them and
+    # nothing more) holds for any subset, with fewer counters per set.
+    counters = gpu_counters(minor, options.mig.chosen_profiles(gpu.mig_profiles))
     counter_set = CounterSet(counters.name, dict(counters.counters))
     full = _full_gpu(inv, gpu, counter_set)
     devices = _with_share(full, gpu, counter_set) if _shareable(gpu, options) else [full]
-    ordered = sorted(gpu.mig_profiles, key=lambda p: (p.slice_count, p.memory_mib, p.index))
     for profile in ordered:
         for placement in placement_order(profile):
             devices.append(_dynamic_device(
                 inv, gpu=gpu, profile=profile, placement=placement, counter_set=counters.name,
                 consumed=consumption(profile, placement, counters)))
     return counter_set, devices
+
+
+def _disjoint_mig_devices(
+    inv: NodeInventory, gpu: GpuRecord, ordered: list[MigProfile]
+) -> list[Device]:
+    """``placements: disjoint``: placements that never overlap, and nothing else on the GPU
+    (no full GPU, no share): any subset of them is a valid packing, so no counters."""
+    return [Device(name=device_name(gpu.probe.minor, profile, placement),
+                   group=f"gpu-{gpu.probe.minor}",
+                   attributes=_mig_attributes(inv, gpu, profile),
+                   capacity=profile.capacities())
+            for profile, placement in disjoint_set(ordered)]
 
 
 def _dynamic_device(
@@ -256,10 +285,14 @@ def build_devices(inv: NodeInventory, options: ModelOptions | None = None) -> No
     groups: list[str] = []
     for gpu in sorted(inv.gpus, key=lambda g: g.probe.minor):
         groups.append(f"gpu-{gpu.probe.minor}")
+        offered = _offered(gpu, options)
         if _is_static(gpu, options):
             devices.extend(_static_mig_devices(inv, gpu))
-        elif options.dynamic_mig and gpu.mig_capable:
-            counter_set, gpu_devices = _dynamic_mig_devices(inv, gpu, options)
+        elif offered and options.mig.placements == "disjoint":
+            ordered = disjoint_order(options.mig, gpu.mig_profiles)
+            devices.extend(_disjoint_mig_devices(inv, gpu, ordered))
+        elif offered:
+            counter_set, gpu_devices = _dynamic_mig_devices(inv, gpu, options, offered)
             counter_sets.append(counter_set)
             devices.extend(gpu_devices)
         elif _shareable(gpu, options):

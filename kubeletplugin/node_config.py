@@ -9,6 +9,7 @@ from pathlib import Path
 from gpudra.driver.featuregates import FeatureGates
 from gpudra.driver.gpu_shares import NONE, ShareableGpus
 from gpudra.driver.health import HealthPolicy
+from gpudra.driver.mig_offer import NOTHING, MigOffer
 from gpudra.kubeletplugin.sockets import plugin_data_dir
 from gpudra.kubeletplugin.supervisor import RestartPolicy
 
@@ -42,6 +43,8 @@ class NodeConfig:
     gates: FeatureGates = field(default_factory=lambda: FeatureGates({}))
     shareable: ShareableGpus = NONE
     """``--shareable-gpus``: GPUs that also publish a shared device (gate ConsumableCapacity)."""
+    mig: MigOffer = NOTHING
+    """``--dynamic-mig-*``: which GPUs offer MIG devices made on demand (gate DynamicMIG)."""
     health: HealthPolicy = field(default_factory=HealthPolicy)
     """From ``--additional-xids-to-ignore`` and ``--xid-quiet-period``."""
     kubeconfig: str | None = None

@@ -70,7 +70,7 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
             populate_driver_root(paths.driver_root, _minors(inventory), layout="host",
                                  devices=False)
     store = open_checkpoint(paths.data_dir)
-    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
+    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), mig=config.mig,
                            shareable=_shareable(config, store, inventory))
     commands: CommandRunner
     if paths.sim_state is not None:
@@ -99,7 +99,7 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
              removed_cdi_specs=report.removed_cdi_specs, reset=report.checkpoint_reset)
     # Re-read: reconciliation may have destroyed leaked MIG devices; our own stay dynamic.
     inventory = read_inventory(nvml, pcie_root=resolver)
-    state.model_options = ModelOptions(dynamic_mig=options.dynamic_mig,
+    state.model_options = ModelOptions(dynamic_mig=options.dynamic_mig, mig=options.mig,
                                        owned_mig_uuids=state.owned_mig_uuids(),
                                        shareable=options.shareable)
     state.index = NodeIndex.build(config.node_name, inventory, state.model_options)

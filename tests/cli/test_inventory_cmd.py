@@ -15,7 +15,7 @@ def _detach():
 
 
 def inventory(capsys, *flags: str) -> tuple[int, list[str], str]:
-    code = main(["inventory", *flags])
+    code = main(["inventory", "--dynamic-mig-gpus", "all", *flags])
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
 

@@ -81,7 +81,7 @@ def test_explain_not_allocatable_is_exit_status_1_with_a_document(capsys):
 def test_explain_several_files_and_folders(capsys):
     code, out, _ = run(capsys, "explain", str(EXAMPLES / "mps"),
                        str(EXAMPLES / "mig-1g-dynamic" / "claim.yaml"), "--simulate", "dgx-h100",
-                       "-o", "json")
+                       "--dynamic-mig-gpus", "all", "-o", "json")
     assert code == 0
     subjects = [item["subject"] for item in json.loads(out)["items"]]
     assert "ResourceClaim mig-1g" in subjects

@@ -33,7 +33,9 @@ def test_asking_for_80gi_is_explained_with_the_memory_an_h100_reports(tmp_path, 
     assert 'quantity("80G")' in text
     path = tmp_path / "claim.yaml"
     path.write_text(text.replace('quantity("80G")', 'quantity("80Gi")'))
-    assert main(["explain", str(path), "--simulate", "dgx-h100"]) == 1
+    # With dynamic MIG, as the README shows it (the MIG devices widen the count column).
+    assert main(["explain", str(path), "--simulate", "dgx-h100",
+                 "--dynamic-mig-gpus", "all"]) == 1
     out = capsys.readouterr().out.splitlines()
     at = out.index("        8  request selector #0 is false")
     assert out[at + 1] == ('           device.capacity["gpu.nvidia.com"].memory.compareTo('

@@ -39,6 +39,9 @@ FLAGS = {
     "fractional-gpu": ["--shareable-gpus", "all"],
     "time-slice-shares": ["--shareable-gpus", "all"],
 }
+# Folders whose node offers MIG devices made on demand (off by default: README).
+DYNAMIC_MIG = {"mig-1g-dynamic": ["--dynamic-mig-gpus", "all"],
+               "two-mig-same-gpu": ["--dynamic-mig-gpus", "all"]}
 # Examples that must NOT fit on a node, and the reason explain must give.
 MISFITS = [
     ("gpu-by-product/claim.yaml", "dgx-a100", "selector #0 is false"),
@@ -60,7 +63,8 @@ def _detach() -> None:
 
 def explain_json(capsys, path: str, profile: str) -> dict:
     code = main(["explain", str(EXAMPLES / path), "--simulate", profile, "-o", "json",
-                 *FLAGS.get(path.split("/", maxsplit=1)[0], [])])
+                 *FLAGS.get(path.split("/", maxsplit=1)[0], []),
+                 *DYNAMIC_MIG.get(path.split("/", maxsplit=1)[0], [])])
     out = json.loads(capsys.readouterr().out)
     if "items" in out:  # several pods in one file (they share the claim): take the first
         out = out["items"][0]
@@ -158,7 +162,7 @@ def test_every_folder_has_pods_that_use_its_claims(folder):
 def test_every_pod_of_the_folder_gets_the_expected_devices(path, profile, expected, capsys):
     folder = path.split("/")[0]
     code = main(["explain", str(EXAMPLES / folder), "--simulate", profile, "-o", "json",
-                 *FLAGS.get(folder, [])])
+                 *FLAGS.get(folder, []), *DYNAMIC_MIG.get(folder, [])])
     out = json.loads(capsys.readouterr().out)
     items = out.get("items", [out])
     assert code == 0, [item["verdict"] for item in items]

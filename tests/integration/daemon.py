@@ -100,7 +100,7 @@ class Daemon:
             "--sim-state", str(self.sim_state), "--kubeconfig", str(kubeconfig),
             "--registrar-dir", str(self.registrar), "--plugins-dir", str(self.plugins),
             "--cdi-root", str(self.cdi_root), "--http-address", "",
-            "--log-format", "json", *self.extra_args,
+            "--log-format", "json", "--dynamic-mig-gpus", "all", *self.extra_args,
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
         for hook in ("GPUDRA_CRASH_AT", "GPUDRA_DELAY_AT", "GPUDRA_FAIL_AT"):

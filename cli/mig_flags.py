@@ -1,0 +1,44 @@
+"""``--dynamic-mig-gpus``, ``--dynamic-mig-profiles``, ``--dynamic-mig-placements``: which
+MIG devices made on demand a node publishes (``gpudra node``, ``gpudra inventory``).
+
+The default offers none: under a 1.36 scheduler every node that publishes dynamic MIG
+(a shared counter set) makes every other node's Filter slower, so it is the admin's choice
+per GPU (``gpudra.driver.mig_offer`` says what each value costs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpudra.cli.options import CliError, env
+from gpudra.driver.mig_offer import PLACEMENTS, MigOffer, MigOfferError, parse_offer
+
+
+def add_mig_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dynamic-mig-gpus", metavar="all|none|LIST",
+                        default=env("DYNAMIC_MIG_GPUS", "none"),
+                        help="GPUs that offer MIG devices made on demand (class "
+                             "mig.nvidia.com): all, none, or comma-separated minor numbers "
+                             "or UUIDs (env DYNAMIC_MIG_GPUS; default none: under a 1.36 "
+                             "scheduler each node offering them slows every node's "
+                             "scheduling; needs the DynamicMIG gate)")
+    parser.add_argument("--dynamic-mig-profiles", metavar="all|LIST",
+                        default=env("DYNAMIC_MIG_PROFILES", "all"),
+                        help="the profiles they offer: all, or comma-separated names such as "
+                             "1g.10gb,3g.40gb (env DYNAMIC_MIG_PROFILES; default all)")
+    parser.add_argument("--dynamic-mig-placements", metavar="|".join(PLACEMENTS),
+                        default=env("DYNAMIC_MIG_PLACEMENTS", "all"),
+                        help="all: every placement beside the full GPU, kept apart by "
+                             "shared counters; disjoint: one fixed set of placements that "
+                             "never overlap and no full GPU on that GPU, no counters (env "
+                             "DYNAMIC_MIG_PLACEMENTS; default all)")
+
+
+def mig_offer(args: argparse.Namespace) -> MigOffer:
+    """The parsed flags; a bad value is a one-line CliError naming the flag and its env."""
+    try:
+        return parse_offer(args.dynamic_mig_gpus, args.dynamic_mig_profiles,
+                           args.dynamic_mig_placements)
+    except MigOfferError as exc:
+        flag = str(exc).split(":", 1)[0]
+        name = flag.removeprefix("--").upper().replace("-", "_")
+        raise CliError(f"{exc} (env {name})") from None
