@@ -53,9 +53,10 @@ def _grammar() -> str:
 
 @cache
 def _parser() -> lark.Lark:
-    return lark.Lark(
+    cache_file = _cache_file()
+    parser = lark.Lark(
         _grammar(),
-        cache=_cache_file() or False,
+        cache=cache_file or False,
         parser="lalr",
         start="expr",
         g_regex_flags=re.M,
@@ -64,6 +65,9 @@ def _parser() -> lark.Lark:
         maybe_placeholders=False,
         priority="invert",
     )
+    if cache_file is not None:
+        tree_cache.make_private(Path(cache_file))
+    return parser
 
 
 def _cache_directory() -> Path | None:
@@ -80,7 +84,9 @@ def _cache_file() -> str | None:
     if directory is None:
         return None
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return str(directory / f"cel-grammar-lark{lark.__version__}-py{version}.cache")
+    path = directory / f"cel-grammar-lark{lark.__version__}-py{version}.cache"
+    # Lark unpickles this file: the file itself must be ours alone, not only its directory.
+    return str(path) if tree_cache.private_file(path) else None
 
 
 @cache

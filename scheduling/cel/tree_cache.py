@@ -7,7 +7,8 @@ of the text, which it also holds and which must match. The directory's name is a
 the grammar, the parser code and Lark's version, so an upgrade starts afresh. Files are
 written atomically; one that cannot be read or decoded is a miss (the text is parsed again
 and the file rewritten). The directory is used only when this user owns it and nobody else
-may write to it.
+may write to it; Lark's table cache (a pickle) only when the file itself is a plain file of
+this user's that nobody else may write (:func:`private_file`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,42 @@ def private_directory(path: Path) -> bool:
             and os.access(path, os.R_OK | os.W_OK | os.X_OK))
 
 
+def private_file(path: Path) -> bool:
+    """Whether the file at ``path`` may be loaded (a pickle, by Lark) and written through.
+
+    Only a plain file of ours that nobody else may write: the directory being private is
+    not enough (a symlink or a hard-linked file planted there, or a file made under a
+    permissive umask, would be followed or trusted). Anything else there is removed (the
+    name, never what a symlink points to), so the caller builds the file afresh; ``False``
+    when it cannot be removed (then the caller does without the file).
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if (stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink == 1
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return True
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def make_private(path: Path) -> None:
+    """After a library wrote ``path`` (under whatever umask): ours alone to write."""
+    try:
+        info = os.lstat(path)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() \
+                and stat.S_IMODE(info.st_mode) & 0o077:
+            path.chmod(0o600)
+    except OSError:
+        pass
+
+
 class TreeCache:
     """Parse trees in one private directory, by expression text."""
 
@@ -71,7 +108,9 @@ class TreeCache:
     def get(self, text: str) -> Node | None:
         """The tree stored for ``text``; None when there is none or it cannot be used."""
         try:
-            document = json.loads(self._path(text).read_bytes())
+            fd = os.open(self._path(text), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as file:  # a symlink planted here is a miss
+                document = json.loads(file.read())
             if not isinstance(document, dict) or document.get("expression") != text:
                 return None
             return decode(document["tree"])
