@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import structlog
 
+from gpudra.api.identifiers import IdentifierError, check_driver
 from gpudra.cli.logs import LogFormat, configure_logging, fatal_line, resolve_format
 from gpudra.cli.mig_flags import add_mig_flags, mig_offer
 from gpudra.cli.options import (
@@ -132,11 +133,20 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def _driver_name(args: argparse.Namespace) -> str:
+    """The driver name names directories, sockets and CDI specs: a DNS subdomain of at most
+    63 characters, as the apiserver requires of it."""
+    try:
+        return check_driver(args.driver_name, "--driver-name (env DRIVER_NAME)")
+    except IdentifierError as exc:
+        raise CliError(str(exc)) from None
+
+
 def node_config(args: argparse.Namespace) -> NodeConfig:
     """The daemon's settings from the parsed flags; a bad value is a one-line CliError."""
     check_simulate_profile(args)
     return NodeConfig(
-        node_name=node_name(args), driver_name=args.driver_name, gates=feature_gates(args),
+        node_name=node_name(args), driver_name=_driver_name(args), gates=feature_gates(args),
         shareable=_shareable(args), mig=mig_offer(args),
         health=_health_policy(args), kubeconfig=args.kubeconfig or None,
         registrar_dir=args.registrar_dir, plugins_dir=args.plugins_dir,
