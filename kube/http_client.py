@@ -1,13 +1,20 @@
-"""A small HTTP/1.1 client on asyncio streams: what the daemon asks of the API server.
+"""A small HTTP/1.1 client on asyncio streams: what the daemon and the CLI ask of the API
+server.
 
-aiohttp did this before and cost ~9 MiB of the daemon's memory for features it never used.
 This client speaks to one server: keep-alive connections in a pool (as many at once as
 requests in flight; a watch holds one for its lifetime), bodies framed by Content-Length,
-chunked transfer encoding or the connection's end, gzip, and https through :mod:`ssl`.
+chunked transfer encoding or the connection's end, gzip, https through :mod:`ssl`, and an
+HTTP proxy (``CONNECT`` for https, the absolute URL for http; :mod:`gpudra.kube.proxy`).
 
-Timeouts: ``connect_timeout`` bounds getting a connection (TCP and TLS); ``read_timeout``,
-when given, bounds each wait for the server's next bytes, headers and body alike (a watch
-that goes quiet). A deadline for the whole call is the caller's ``asyncio.timeout``; a
+Limits (:mod:`gpudra.kube.http_framing`): an answer's head, each of its lines, each chunk,
+each body (as sent and as unpacked: gzip is unpacked a step at a time) and each line of a
+stream are bounded; past a limit the answer is a :class:`TooLarge` and its connection is
+closed. Nothing the server sends is held whole before it is counted.
+
+Timeouts: ``connect_timeout`` bounds getting a connection (TCP, proxy and TLS);
+``read_timeout``, when given, bounds each wait for the server's next bytes, headers and body
+alike (a watch that goes quiet). A deadline for the whole call is the caller's
+``asyncio.timeout`` (:class:`gpudra.kube.raw_api.RawApi` sets one over head and body); a
 request cut short by one leaves its connection closed, never back in the pool.
 
 Retries: a request sent on a pooled connection that the server closed while it sat idle
@@ -15,10 +22,6 @@ Retries: a request sent on a pooled connection that the server closed while it s
 on a new connection if its method is idempotent (RFC 9110 9.2.2: GET, HEAD, PUT, DELETE,
 OPTIONS), as Go's transport and aiohttp do. A new connection that fails is not retried:
 the server did see the request, or could not be reached; the caller's back-off decides.
-
-The HTTP itself (request head, status line, header fields, body framing) is
-:mod:`gpudra.kube.http_framing`, shared with the blocking client of threads that must not
-wait for the event loop (:mod:`gpudra.kube.blocking_http`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from gpudra.kube.http_framing import (
     IDEMPOTENT,
+    MAX_BODY,
+    MAX_HEAD,
     MAX_HEADERS,
     READ_SIZE,
     BadResponse,
@@ -37,6 +42,7 @@ from gpudra.kube.http_framing import (
     HttpError,
     Server,
     ServerDisconnected,
+    TooLarge,
     add_header,
     chunk_size,
     status_line,
@@ -47,7 +53,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["BadResponse", "HttpClient", "HttpError", "Response", "ServerDisconnected"]
+__all__ = ["BadResponse", "HttpClient", "HttpError", "Response", "ServerDisconnected",
+           "TooLarge"]
 
 IDLE_TIMEOUT: Final = 15.0
 """Seconds an unused connection stays open (aiohttp's default; the API server's is longer,
@@ -88,8 +95,10 @@ class HttpClient:
     """Requests to the server at ``base_url`` (its path is a prefix of every request's)."""
 
     def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None,
-                 server_hostname: str | None = None) -> None:
+                 server_hostname: str | None = None, max_body: int = MAX_BODY) -> None:
         self._server = Server(base_url)
+        self.max_body = max_body
+        """Most bytes of one body, as sent and as unpacked, and of one line of a stream."""
         if self._server.tls and ssl_context is None:
             import ssl
 
@@ -228,12 +237,15 @@ async def _read_head(conn: _Conn, client: HttpClient, method: str,
     except OSError as exc:  # reset, or a TLS connection cut short
         raise _NoAnswer from exc
     except ValueError as exc:  # longer than the reader's limit
-        raise BadResponse("the status line is too long") from exc
+        raise TooLarge("the status line is longer than the limit of "
+                       f"{MAX_LINE_TEXT}") from exc
     if not first:
         raise _NoAnswer
+    head = _Head()
     while True:
+        head.count(first, field=False)
         version, status, reason = status_line(first)
-        headers = await _headers(reader, read_timeout)
+        headers = await _headers(reader, read_timeout, head)
         if not 100 <= status < 200:
             break
         first = await _line(reader, read_timeout)  # an interim answer: the real one follows
@@ -241,24 +253,48 @@ async def _read_head(conn: _Conn, client: HttpClient, method: str,
                     version=version, method=method, read_timeout=read_timeout)
 
 
+MAX_LINE_TEXT: Final = "64 KiB"
+
+
+class _Head:
+    """What one answer's head has used of the limits: bytes and header fields."""
+
+    __slots__ = ("bytes", "fields")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.fields = 0
+
+    def count(self, line: bytes, *, field: bool) -> None:
+        self.bytes += len(line)
+        self.fields += field
+        if self.bytes > MAX_HEAD:
+            raise TooLarge(f"the answer's head is larger than the limit of {MAX_HEAD} bytes")
+        if self.fields > MAX_HEADERS:
+            raise TooLarge(f"the answer has more than {MAX_HEADERS} header fields")
+
+
 async def _line(reader: asyncio.StreamReader, read_timeout: float | None) -> bytes:
     """One CRLF-ended line of the head or of chunk framing."""
     try:
         line = await _within(read_timeout, reader.readline())
     except ValueError as exc:  # longer than the reader's limit (64 KiB)
-        raise BadResponse("a header or chunk-size line is too long") from exc
+        raise TooLarge("a header or chunk-size line is longer than the limit of "
+                       f"{MAX_LINE_TEXT}") from exc
     if not line.endswith(b"\n"):
         raise ServerDisconnected("the server closed the connection mid-answer")
     return line
 
 
-async def _headers(reader: asyncio.StreamReader, read_timeout: float | None) -> dict[str, str]:
+async def _headers(reader: asyncio.StreamReader, read_timeout: float | None,
+                   head: _Head) -> dict[str, str]:
     """The header fields, names in lower case; repeated fields joined with commas."""
     headers: dict[str, str] = {}
-    for _ in range(MAX_HEADERS):
-        if not add_header(headers, await _line(reader, read_timeout)):
+    while True:
+        line = await _line(reader, read_timeout)
+        head.count(line, field=line not in (b"\r\n", b"\n"))
+        if not add_header(headers, line):
             return headers
-    raise BadResponse(f"more than {MAX_HEADERS} header fields")
 
 
 class Response:
@@ -275,12 +311,17 @@ class Response:
         self._conn: _Conn | None = conn
         self._client = client
         self._read_timeout = read_timeout
-        framing = Framing(status=status, headers=headers, version=version, method=method)
+        self._max_body = client.max_body
+        # A head promising too much raises here; request() closes the connection.
+        framing = Framing(status=status, headers=headers, version=version, method=method,
+                          max_body=self._max_body)
         self._keep_alive = framing.keep_alive
         self._chunked = framing.chunked
         self._remaining = framing.length  # bytes left of a Content-Length body
+        self._chunk_left = 0  # data bytes left of the current chunk of a chunked body
         self._framing = framing
         self._done = self._remaining == 0
+        self._raw_done = self._done
         self._buffer = b""
 
     @property
@@ -289,10 +330,15 @@ class Response:
         return self._done and not self._buffer
 
     async def read(self) -> bytes:
-        """The rest of the body."""
+        """The rest of the body; :class:`TooLarge` past the client's ``max_body``."""
         parts = [self._buffer]
+        size = len(self._buffer)
         self._buffer = b""
         while chunk := await self._next():
+            size += len(chunk)
+            if size > self._max_body:
+                self.close()
+                raise TooLarge(f"the body is larger than the limit of {self._max_body} bytes")
             parts.append(chunk)
         return b"".join(parts)
 
@@ -301,15 +347,24 @@ class Response:
 
     async def readline(self) -> bytes:
         """The body's next line with its ``\\n``; the rest without one at the end; ``b""``
-        once the body is over."""
-        while (end := self._buffer.find(b"\n")) < 0:
-            chunk = await self._next()
-            if not chunk:
-                line, self._buffer = self._buffer, b""
-                return line
-            self._buffer += chunk
-        line, self._buffer = self._buffer[:end + 1], self._buffer[end + 1:]
-        return line
+        once the body is over. :class:`TooLarge` for a line past the client's
+        ``max_body``."""
+        parts: list[bytes] = []
+        size = 0
+        piece, self._buffer = self._buffer, b""
+        while (end := piece.find(b"\n")) < 0:
+            parts.append(piece)  # a list, not +=: a long line is not copied over and over
+            size += len(piece)
+            if size > self._max_body:
+                self.close()
+                raise TooLarge(f"a line of the stream is longer than the limit of "
+                               f"{self._max_body} bytes")
+            piece = await self._next()
+            if not piece:
+                return b"".join(parts)
+        parts.append(piece[:end + 1])
+        self._buffer = piece[end + 1:]
+        return b"".join(parts)
 
     def release(self) -> None:
         """Give the connection back for the next request if the answer was read to its
@@ -335,41 +390,54 @@ class Response:
         self.release()
 
     async def _next(self) -> bytes:
-        """The next decoded piece of the body; ``b""`` at its end."""
+        """The next decoded piece of the body, at most READ_SIZE bytes; ``b""`` at its
+        end."""
+        framing = self._framing
+        if framing.gunzip is None:
+            data = await self._next_raw() if not self._done else b""
+            self._done = self._raw_done
+            return data
         while not self._done:
-            data = await self._next_raw()
-            if self._framing.gunzip is None:
-                return data
-            data = self._framing.decoded(data)
+            if framing.inflating:
+                data = framing.decoded(b"")
+            else:
+                raw = await self._next_raw() if not self._raw_done else b""
+                data = framing.decoded(raw, last=self._raw_done)
+            self._done = self._raw_done and not framing.inflating
             if data:
                 return data
         return b""
 
     async def _next_raw(self) -> bytes:
-        """The next piece of the body as sent; sets ``_done`` after the last."""
+        """The next piece of the body as sent, at most READ_SIZE bytes; sets
+        ``_raw_done`` after the last."""
         if self._conn is None:
             raise HttpError("the response was released")
         reader, timeout = self._conn.reader, self._read_timeout
         if self._chunked:
-            n = chunk_size(await _line(reader, timeout))
-            if n == 0:
-                await _headers(reader, timeout)  # trailer fields, ignored
-                self._done = True
-                return b""
-            data = await self._exactly(n + 2)
-            if not data.endswith(b"\r\n"):
+            if self._chunk_left == 0:
+                n = chunk_size(await _line(reader, timeout), self._max_body)
+                if n == 0:
+                    await _headers(reader, timeout, _Head())  # trailer fields, ignored
+                    self._raw_done = True
+                    return b""
+                self._chunk_left = n
+            # A chunk is read a step at a time: its size is the server's word, not memory's.
+            data = await self._exactly(min(self._chunk_left, READ_SIZE))
+            self._chunk_left -= len(data)
+            if self._chunk_left == 0 and await self._exactly(2) != b"\r\n":
                 raise BadResponse("a chunk does not end with CRLF")
-            return data[:-2]
+            return data
         if self._remaining is None:  # until the connection ends
             data = await _within(timeout, reader.read(READ_SIZE))
-            self._done = not data
+            self._raw_done = not data
             return data
         data = await _within(timeout, reader.read(min(self._remaining, READ_SIZE)))
         if not data:
             raise ServerDisconnected(
                 f"the server closed the connection {self._remaining} bytes short of the body")
         self._remaining -= len(data)
-        self._done = self._remaining == 0
+        self._raw_done = self._remaining == 0
         return data
 
     async def _exactly(self, n: int) -> bytes:

@@ -1,12 +1,12 @@
-"""HTTP/1.1 as bytes, without I/O: the request head we send and how an answer is framed.
+"""HTTP/1.1 as bytes, without I/O: the request head we send, how an answer is framed, and
+the limits an answer must keep (a server is not trusted to be small).
 
-Shared by the asyncio client (:mod:`gpudra.kube.http_client`) and the blocking one
-(:mod:`gpudra.kube.blocking_http`), so both speak the same HTTP and fail with the same
-errors; only how they wait for bytes differs.
+The I/O is :mod:`gpudra.kube.http_client`'s.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -16,9 +16,17 @@ IDEMPOTENT: Final = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 """Methods sent once more on a new connection when a pooled one turns out stale
 (RFC 9110 9.2.2; Go's transport and aiohttp do the same)."""
 MAX_HEADERS: Final = 128
+"""Header fields of one answer (interim 1xx answers and trailers count too)."""
 MAX_LINE: Final = 65536
 """Longest status, header or chunk-size line (asyncio's stream limit)."""
+MAX_HEAD: Final = 1 << 20
+"""Bytes of one answer's head: status lines and header fields, interim answers included."""
+MAX_BODY: Final = 64 << 20
+"""Default for the bytes of one body, as sent and as unpacked, and of one line of a
+stream: an object is at most ~1.5 MiB in etcd, and a list is read in pages."""
 READ_SIZE: Final = 65536
+"""Most bytes read, or unpacked, in one step."""
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class HttpError(Exception):
@@ -32,6 +40,11 @@ class ServerDisconnected(HttpError):
 
 class BadResponse(HttpError):
     """The answer breaks HTTP/1.1 framing (status line, headers, chunk sizes)."""
+
+
+class TooLarge(BadResponse):
+    """The answer is larger than the client accepts: a head, a line, a chunk or a body,
+    as sent or unpacked."""
 
 
 class Server:
@@ -89,23 +102,26 @@ def add_header(headers: dict[str, str], line: bytes) -> bool:
     return True
 
 
-def chunk_size(line: bytes) -> int:
-    """The size a chunked body's size line gives (extensions ignored)."""
+def chunk_size(line: bytes, limit: int) -> int:
+    """The size a chunked body's size line gives (extensions ignored): hexadecimal digits
+    only (no sign, no ``0x``), at most ``limit``."""
     size = line.split(b";", 1)[0].strip()
-    try:
-        return int(size, 16)
-    except ValueError:
-        raise BadResponse(f"not a chunk size: {line[:40]!r}") from None
+    if not _CHUNK_SIZE.fullmatch(size):
+        raise BadResponse(f"not a chunk size: {line[:40]!r}")
+    n = int(size, 16)
+    if n > limit:
+        raise TooLarge(f"a chunk of {n} bytes is larger than the limit of {limit} bytes")
+    return n
 
 
 class Framing:
     """How an answer's body is delimited, from its head: chunks, a length, or the
     connection's end; and whether the connection can carry another request after it."""
 
-    __slots__ = ("chunked", "gunzip", "keep_alive", "length")
+    __slots__ = ("_more", "chunked", "gunzip", "keep_alive", "length")
 
     def __init__(self, *, status: int, headers: Mapping[str, str], version: str,
-                 method: str) -> None:
+                 method: str, max_body: int = MAX_BODY) -> None:
         connection = headers.get("connection", "").lower()
         self.keep_alive = ("close" not in connection if version == "HTTP/1.1"
                            else "keep-alive" in connection)
@@ -118,19 +134,36 @@ class Framing:
             length = headers.get("content-length")
             if length is None:
                 self.keep_alive = False  # the body ends with the connection
-            elif length.isdigit():
-                self.length = int(length)
-            else:
+            elif not (length.isascii() and length.isdigit()):
                 raise BadResponse(f"Content-Length {length[:40]!r} is not a number")
+            elif len(length) > 20 or int(length) > max_body:
+                raise TooLarge(f"a body of {length[:40]} bytes (Content-Length) is larger "
+                               f"than the limit of {max_body} bytes")
+            else:
+                self.length = int(length)
         encoding = headers.get("content-encoding", "identity").lower()
         if encoding not in ("identity", "gzip"):
             raise BadResponse(f"Content-Encoding {encoding!r} was not asked for")
         self.gunzip = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+        self._more = False
 
-    def decoded(self, data: bytes) -> bytes:
-        """``data`` of a gzip body unpacked (``b""``: the end of the body, what is left)."""
-        assert self.gunzip is not None
+    @property
+    def inflating(self) -> bool:
+        """Bytes already received still have more to unpack: call :meth:`decoded` with
+        ``b""`` before reading more."""
+        return self._more
+
+    def decoded(self, data: bytes, *, last: bool = False) -> bytes:
+        """At most READ_SIZE bytes of the gzip body unpacked from ``data`` and what earlier
+        calls left over (a few bytes can unpack to gigabytes: never all at once); ``last``:
+        the body has ended."""
+        gunzip = self.gunzip
+        assert gunzip is not None
         try:
-            return self.gunzip.decompress(data) if data else self.gunzip.flush()
+            out = gunzip.decompress(gunzip.unconsumed_tail + data, READ_SIZE)
+            self._more = bool(gunzip.unconsumed_tail) or len(out) == READ_SIZE
+            if last and not self._more and not gunzip.eof:
+                out += gunzip.flush(READ_SIZE)
+            return out
         except zlib.error as exc:
             raise BadResponse(f"the gzip body is corrupt ({exc})") from exc

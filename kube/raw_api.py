@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from gpudra.api import bounded_json
 from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
-from gpudra.kube.http_client import HttpError, Response
+from gpudra.kube.http_client import HttpError, Response, TooLarge
 from gpudra.kube.metrics import API_CALLS
 from gpudra.kube.objects import Obj
 from gpudra.kube.session import ApiSession
@@ -152,6 +152,9 @@ class _NoAnswer:
             raise _counted(api_error(self._verb, self._resource.plural, self._name, status=0,
                                      reason="Timeout",
                                      message=f"no answer within {self._timeout:g}s")) from exc
+        if isinstance(exc, TooLarge):
+            raise _counted(BadAnswer(self._verb, self._resource.plural, self._name, status=0,
+                                     reason="TooLarge", message=str(exc))) from exc
         if isinstance(exc, HttpError | OSError):
             raise _counted(api_error(self._verb, self._resource.plural, self._name, status=0,
                                      reason=type(exc).__name__,
@@ -208,23 +211,6 @@ class RawApi:
                   namespace: str | None = None) -> Obj:
         return await self._call("get", resource, _target(name, namespace), "GET",
                                 resource.item(name, namespace))
-
-    def get_blocking(self, resource: Resource, name: str, *,
-                     namespace: str | None = None) -> Obj | None:
-        """:meth:`get` from a thread that is not the event loop's, blocking, with the same
-        errors and counts; None when only the loop can send it
-        (:meth:`ApiSession.request_blocking`)."""
-        target = _target(name, namespace)
-        with _NoAnswer("get", resource, target, self.timeout):
-            answer = self._session.request_blocking(
-                "GET", resource.item(name, namespace), headers=_ACCEPT_JSON,
-                timeout=self.timeout)
-        if answer is None:
-            return None
-        if answer.status >= 300:
-            raise _refused("get", resource, target, status=answer.status,
-                           reason=answer.reason, headers=answer.headers, body=answer.body)
-        return _decoded("get", resource, target, answer.status, answer.body)
 
     async def list(self, resource: Resource, *, namespace: str | None = None,
                    field_selector: str = "") -> Obj:
@@ -297,6 +283,9 @@ class WatchStream:
             except TimeoutError as exc:
                 raise api_error("watch", self._resource.plural, None, status=0,
                                 reason="Timeout", message="watch went quiet") from exc
+            except TooLarge as exc:
+                raise BadAnswer("watch", self._resource.plural, None, status=200,
+                                reason="TooLarge", message=str(exc)) from exc
             except (HttpError, OSError) as exc:
                 raise api_error("watch", self._resource.plural, None, status=0,
                                 reason=type(exc).__name__,

@@ -4,23 +4,19 @@ Our own small client instead of ``kubernetes.aio``: the daemon only sends plain 
 (:mod:`gpudra.kube.raw_api`), and that package costs ~50 MB of memory and ~0.5 s to import;
 the HTTP itself is :mod:`gpudra.kube.http_client` (aiohttp cost ~9 MiB more). The client is
 created on first use, inside the running event loop; the TLS context needs an exec plugin's
-client certificate, when there is one, so it is built then too. Threads that must not wait
-for the loop (a kubelet call's claim GET) send through :meth:`ApiSession.request_blocking`,
-over :mod:`gpudra.kube.blocking_http` with the same TLS context and credentials.
+client certificate, when there is one, so it is built then too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpudra.kube.blocking_http import Answer, BlockingHttpClient
 from gpudra.kube.connection import Connection
-from gpudra.kube.credentials import CredentialPending, Credentials
+from gpudra.kube.credentials import Credentials
 from gpudra.kube.http_client import HttpClient, Response
 
 if TYPE_CHECKING:
@@ -36,10 +32,6 @@ class ApiSession:
         self._client: HttpClient | None = None
         self._ssl: ssl.SSLContext | None = None
         self._opening = asyncio.Lock()
-        self._blocking: BlockingHttpClient | None = None
-        self._blocking_lock = threading.Lock()
-        self._blocking_closed = False
-        self._tls_lock = threading.Lock()
 
     @classmethod
     def for_url(cls, url: str) -> ApiSession:
@@ -65,38 +57,7 @@ class ApiSession:
             self._credentials.rejected()
         return response
 
-    def request_blocking(self, method: str, path: str, *,
-                         query: Sequence[tuple[str, str]] = (),
-                         headers: Mapping[str, str] | None = None, body: bytes | None = None,
-                         timeout: float) -> Answer | None:
-        """:meth:`request` from a thread that is not the event loop's, blocking until the
-        whole answer is read or ``timeout`` passes (see :mod:`gpudra.kube.blocking_http`).
-
-        None when only the event loop can send it: while an exec plugin's credential has to
-        be fetched (it runs as a subprocess of the loop's), and once the session is closed
-        (the loop's client reopens; the caller's loop path decides)."""
-        client = self._blocking or self._open_blocking()
-        if client is None:
-            return None
-        try:
-            authorization = self._credentials.header_now()
-        except CredentialPending:
-            return None
-        all_headers = dict(headers or {})
-        if authorization is not None:
-            all_headers["Authorization"] = authorization
-        answer = client.request(method, path, query=query, headers=all_headers, body=body,
-                                timeout=timeout)
-        if answer.status == 401:
-            self._credentials.rejected()
-        return answer
-
     async def close(self) -> None:
-        with self._blocking_lock:
-            blocking, self._blocking = self._blocking, None
-            self._blocking_closed = True  # no new one: nobody would close it
-        if blocking is not None:
-            blocking.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
@@ -121,30 +82,12 @@ class ApiSession:
                                           server_hostname=self.connection.tls_server_name)
             return self._client
 
-    def _open_blocking(self) -> BlockingHttpClient | None:
-        """The blocking client, with the same TLS context as the asyncio one; None while
-        that context needs an exec plugin's client certificate (fetched on the loop) and
-        after close()."""
-        with self._blocking_lock:
-            if self._blocking is None and not self._blocking_closed:
-                tls = None
-                if self.connection.server.startswith("https:"):
-                    if self.connection.exec_plugin is None:
-                        tls = self._tls(None)
-                    elif (tls := self._ssl) is None:
-                        return None
-                self._blocking = BlockingHttpClient(
-                    self.connection.server, ssl_context=tls,
-                    server_hostname=self.connection.tls_server_name)
-            return self._blocking
-
     def _tls(self, client_pair: tuple[str | None, str | None] | None) -> ssl.SSLContext:
-        """The session's TLS context, built once for both clients; ``client_pair`` is an
-        exec plugin's client certificate and key, which take the kubeconfig's place."""
-        with self._tls_lock:
-            if self._ssl is None:
-                self._ssl = _tls_context(self.connection, client_pair)
-            return self._ssl
+        """The session's TLS context; ``client_pair`` is an exec plugin's client certificate
+        and key, which take the kubeconfig's place."""
+        if self._ssl is None:
+            self._ssl = _tls_context(self.connection, client_pair)
+        return self._ssl
 
 
 def _tls_context(c: Connection,

@@ -3,9 +3,9 @@
 Raw JSON (not the client's pydantic models) because client-37 models drop fields they do
 not know, and an opaque config or a newer allocation field must reach us intact. The GETs go
 through the Kubernetes layer's ``RawApi``: counted in ``gpudra_api_calls``, one deadline for
-headers and body, and its typed errors turned here into one message per claim. A kubelet
-call's single claim is fetched in the call's own thread (:meth:`ClaimFetcher.fetch_blocking`);
-several at once overlap on the event loop (:meth:`ClaimFetcher.fetch_all`).
+headers and body, and its typed errors turned here into one message per claim. The GETs of
+one kubelet call overlap on the event loop (:meth:`ClaimFetcher.fetch_all`). A claim that
+is there but was replaced (another uid) is :func:`~.claim_decoding.decode_claim`'s error.
 """
 
 from __future__ import annotations
@@ -40,19 +40,6 @@ class ClaimFetcher:
         except ApiCallError as error:
             raise ClaimFetchError(
                 f"claim {claim_ref(namespace, name, uid)}: {_problem(error)}") from error
-
-    def fetch_blocking(self, namespace: str, name: str,
-                       uid: str) -> Mapping[str, Any] | ClaimError | None:
-        """:meth:`fetch` in the calling thread (not the event loop's): the claim or the
-        error for it; None when only the event loop can send the GET (an exec plugin's
-        credential must be fetched first)."""
-        try:
-            return self._api.get_blocking(RESOURCE_CLAIMS, name, namespace=namespace)
-        except ApiCallError as error:
-            failure = ClaimFetchError(f"claim {claim_ref(namespace, name, uid)}: "
-                                      f"{_problem(error)}")
-            failure.__cause__ = error  # as `raise ... from error` sets it in fetch()
-            return failure
 
     async def fetch_all(
         self, refs: Sequence[tuple[str, str, str]]

@@ -3,9 +3,8 @@
 A call runs in one of the DRA socket's call threads (:mod:`.core_server`) from start to
 answer: the checkpoint lookup, decoding and the device work (NVML, files, the durable
 commit) happen right there, under the driver's own serialisation; calls on different GPUs
-run in parallel. A call with one claim (the kubelet's usual) sends its GET from this
-thread too, over the session's blocking client; a call with several sends them from the
-event loop, all at once (one hop there and back per call), before any lock. A
+run in parallel. The claims' GETs are sent from the event loop, all at once (one hop there
+and back per call), before any lock. A
 claim the checkpoint already holds as prepared is answered from the checkpoint without
 asking the API server, so a kubelet restart during an API outage works. Logging is the gRPC
 layer's (:mod:`.dra_service`): a line per call and a warning per failed claim; here only
@@ -135,17 +134,10 @@ class Preparer:
         return outcomes
 
     def _fetch(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | ClaimError]:
-        """The claims' GETs; each slot holds the claim or the error for it. One claim (the
-        kubelet's usual call) is fetched in this thread: a hop to the event loop and back
-        costs more than the GET's own client work. Several run on the loop, all at once."""
+        """The claims' GETs, on the event loop, all at once; each slot holds the claim or
+        the error for it."""
         from gpudra.kubeletplugin.claim_fetcher import ClaimFetchError
 
-        if len(refs) == 1:
-            ref = refs[0]
-            claim = self._fetcher.fetch_blocking(ref.namespace, ref.name, ref.uid)
-            if claim is not None:
-                return [claim]
-            # else only the loop can send it: an exec plugin's credential is due
         keys = [(r.namespace, r.name, r.uid) for r in refs]
         fetching = self._fetcher.fetch_all(keys)
         try:

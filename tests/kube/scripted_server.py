@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,14 +34,17 @@ class Seen:
 @dataclass
 class Scripted:
     """A local HTTP/1.1 server that answers each request with ``answer(request, index)``:
-    a list of pieces, then keeps the connection open for the next request, unless the
-    answer says ``Connection: close`` or is None (closed without a word)."""
+    pieces (a list, or a generator for an answer that never ends), then keeps the
+    connection open for the next request, unless the answer says ``Connection: close``
+    or is None (closed without a word)."""
 
-    answer: Callable[[Seen, int], list[Piece] | None]
+    answer: Callable[[Seen, int], Iterable[Piece] | None]
     """(the request, how many came before it) -> the answer; None: close, no answer."""
     seen: list[Seen] = field(default_factory=list)
     connections: int = 0
     closed_by_client: int = 0
+    sent: int = 0
+    """Bytes of answers written so far."""
     url: str = ""
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -58,6 +61,7 @@ class Scripted:
                 pieces = self.answer(request, len(self.seen) - 1)
                 if pieces is None:
                     break
+                close = False
                 for piece in pieces:
                     if isinstance(piece, float):
                         with contextlib.suppress(TimeoutError):
@@ -66,10 +70,11 @@ class Scripted:
                                     self.closed_by_client += 1
                                     return
                     else:
+                        close = close or piece == CLOSE or b"Connection: close" in piece
                         writer.write(piece)
+                        self.sent += len(piece)
                         await writer.drain()
-                if CLOSE in pieces or any(b"Connection: close" in p for p in pieces
-                                          if isinstance(p, bytes)):
+                if close:
                     break
         except asyncio.IncompleteReadError as exc:
             if not exc.partial:
@@ -81,7 +86,7 @@ class Scripted:
 
 
 @contextlib.asynccontextmanager
-async def scripted(answer: Callable[[Seen, int], list[Piece] | None], *,
+async def scripted(answer: Callable[[Seen, int], Iterable[Piece] | None], *,
                    tls: ssl.SSLContext | None = None) -> AsyncIterator[Scripted]:
     """A :class:`Scripted` server on 127.0.0.1, speaking https through ``tls`` if given."""
     server = Scripted(answer)

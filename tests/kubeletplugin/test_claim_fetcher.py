@@ -2,28 +2,33 @@
 
 Every GET is counted in ``gpudra_api_calls``; every failure is one ``ClaimFetchError`` that
 names the claim as ``ns/name:uid`` and the API server, in words ``error_reason`` sorts; one
-deadline covers headers and body. All of it holds both on the event loop (``fetch``) and
-blocking in the caller's thread (``fetch_blocking``, a kubelet call's single claim).
+deadline covers headers and body. A claim that was replaced (another uid) is an error for
+that claim alone, through a real Preparer on a simulated node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
+from gpudra.api.claims import ClaimRef
 from gpudra.driver.claims import ClaimError
 from gpudra.driver.metrics import error_reason
 from gpudra.kube.errors import ApiCallError
 from gpudra.kube.session import ApiSession
 from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher, ClaimFetchError
+from gpudra.kubeletplugin.preparer import Preparer
 from gpudra.testing.fakeapi import samples
 from gpudra.testing.fakeapi.server import FakeApiServer
+from tests.driver.node_fixture import DRIVER, SimNode, start_node
 from tests.fakeapi.fixtures import api_session, fake_api  # noqa: F401
+from tests.integration.daemon import claim_object
 from tests.kube.stalling_server import client_of, http_answer
 
 UID = "00000000-0000-4000-8000-0000000000aa"
@@ -39,30 +44,22 @@ def fetcher(api_session: ApiSession) -> ClaimFetcher:  # noqa: F811
     return ClaimFetcher(api_session, timeout=2.0)
 
 
-ON_LOOP_OR_BLOCKED = pytest.mark.parametrize("how", ["loop", "blocked-loop"])
-"""For the test API server, which serves from its own threads."""
-ON_LOOP_OR_THREAD = pytest.mark.parametrize("how", ["loop", "thread"])
-"""For servers on the test's own event loop."""
-
-
 async def fetch(fetcher: ClaimFetcher, how: str, namespace: str, name: str,
                 uid: str = UID) -> Mapping[str, Any]:
-    """The claim, or its ClaimFetchError raised: fetched on the event loop ("loop"); in
-    another thread, as a kubelet call does ("thread"); or right here with this test's event
-    loop stalled until the GET returns ("blocked-loop"): the blocking path needs no loop."""
-    if how == "loop":
+    """The claim, or its ClaimFetchError raised: alone (``fetch``) or as one of a call's
+    claims (``fetch_all``, what a kubelet call uses)."""
+    if how == "fetch":
         return await fetcher.fetch(namespace, name, uid)
-    if how == "thread":
-        result = await asyncio.to_thread(fetcher.fetch_blocking, namespace, name, uid)
-    else:
-        result = fetcher.fetch_blocking(namespace, name, uid)
-    assert result is not None, "no exec plugin: the GET never needs the loop"
+    [result] = await fetcher.fetch_all([(namespace, name, uid)])
     if isinstance(result, ClaimError):
         raise result
     return result
 
 
-@ON_LOOP_OR_BLOCKED
+HOW = pytest.mark.parametrize("how", ["fetch", "fetch_all"])
+
+
+@HOW
 async def test_a_claim_arrives_as_raw_json_and_the_get_is_counted(
         fetcher: ClaimFetcher, fake_api: FakeApiServer, how: str):  # noqa: F811
     stored = samples.claim("c1", "team-a")
@@ -77,7 +74,7 @@ async def test_a_claim_arrives_as_raw_json_and_the_get_is_counted(
         "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c1"]
 
 
-@ON_LOOP_OR_BLOCKED
+@HOW
 async def test_a_missing_claim_is_not_found_in_the_api_server(fetcher: ClaimFetcher, how: str):
     before = claim_gets("not_found")
     with pytest.raises(ClaimFetchError) as caught:
@@ -89,7 +86,7 @@ async def test_a_missing_claim_is_not_found_in_the_api_server(fetcher: ClaimFetc
     assert claim_gets("not_found") == before + 1
 
 
-@ON_LOOP_OR_BLOCKED
+@HOW
 @pytest.mark.parametrize(("status", "outcome"), [(503, "server_error"), (403, "error"),
                                                  (429, "throttled")])
 async def test_an_error_status_names_the_claim_status_and_api_server(
@@ -105,7 +102,7 @@ async def test_an_error_status_names_the_claim_status_and_api_server(
     assert claim_gets(outcome) == before + 1
 
 
-@ON_LOOP_OR_BLOCKED
+@HOW
 async def test_no_answer_says_the_api_server_cannot_be_reached(
         fetcher: ClaimFetcher, fake_api: FakeApiServer, how: str):  # noqa: F811
     # A fresh connection the server drops is not resent (only a stale pooled one is:
@@ -119,7 +116,7 @@ async def test_no_answer_says_the_api_server_cannot_be_reached(
     assert claim_gets("unreachable") == before + 1
 
 
-@ON_LOOP_OR_BLOCKED
+@HOW
 async def test_slow_headers_end_at_the_deadline(
         api_session: ApiSession, fake_api: FakeApiServer, how: str):  # noqa: F811
     fake_api.put(samples.claim("c1"))
@@ -134,7 +131,7 @@ async def test_slow_headers_end_at_the_deadline(
     assert claim_gets("timeout") == before + 1
 
 
-@ON_LOOP_OR_THREAD
+@HOW
 async def test_a_stalled_body_ends_at_the_same_deadline(how: str):
     async with client_of(http_answer(b'{"kind": "ResourceClaim"', length=9000)) as client:
         started = time.monotonic()
@@ -144,7 +141,7 @@ async def test_a_stalled_body_ends_at_the_same_deadline(how: str):
     assert "no answer within 0.3s" in str(caught.value)
 
 
-@ON_LOOP_OR_THREAD
+@HOW
 async def test_a_body_that_is_not_a_claim_is_a_bad_answer(how: str):
     async with client_of(http_answer(b"<html>a proxy's login page</html>")) as client:
         with pytest.raises(ClaimFetchError) as caught:
@@ -165,3 +162,34 @@ async def test_fetch_all_keeps_order_and_gives_each_claim_its_own_error(
     assert not isinstance(last, ClaimError) and last["metadata"]["name"] == "b"
     assert isinstance(missing, ClaimFetchError)
     assert str(missing) == "claim default/gone:u-g: not found in the API server"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[SimNode]:
+    node = start_node(tmp_path / "node")
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+async def test_a_missing_or_replaced_claim_fails_alone_naming_the_claim(
+        node: SimNode, fake_api: FakeApiServer, api_session: ApiSession):  # noqa: F811
+    good = fake_api.put(claim_object("good", devices=["gpu-0"]))["metadata"]
+    replaced = fake_api.put(claim_object("replaced", devices=["gpu-1"]))["metadata"]
+    refs = [ClaimRef(namespace=good["namespace"], name="good", uid=good["uid"]),
+            ClaimRef(namespace="default", name="gone", uid=UID),
+            # The kubelet still knows the claim by the uid it had before it was replaced.
+            ClaimRef(namespace=replaced["namespace"], name="replaced", uid=UID)]
+    preparer = Preparer(driver=DRIVER, fetcher=ClaimFetcher(api_session, timeout=2.0),
+                        state=node.state, loop=asyncio.get_running_loop())
+    outcomes = await asyncio.to_thread(preparer.prepare, refs)
+    assert outcomes[good["uid"]].error is None
+    assert outcomes[UID].error is not None  # both others share the uid: the last one wins
+    gone = (await asyncio.to_thread(preparer.prepare, refs[1:2]))[UID].error
+    assert gone == f"claim default/gone:{UID}: not found in the API server"
+    other = (await asyncio.to_thread(preparer.prepare, refs[2:]))[UID].error
+    assert other is not None and other.startswith(f"claim default/replaced:{UID}: the claim "
+                                                   "was replaced")
+    assert replaced["uid"] in other
+    assert node.state.prepared_many([UID]) == {}

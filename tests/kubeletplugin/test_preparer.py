@@ -1,13 +1,10 @@
-"""Where a prepare's claim GETs run: one claim in the kubelet call's own thread, with no
-event loop at all; several on the loop, all at once; and back on the loop while an exec
-plugin's credential is due. A real Preparer over a simulated node, the test API server in
-its own threads, and an event loop run (or not) by the test."""
+"""Where a prepare's claim GETs run: on the event loop, all of a call's at once; with the
+loop gone, every claim's error says the daemon is stopping. A real Preparer over a simulated
+node, the test API server in its own threads, and an event loop run (or not) by the test."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gpudra.api.claims import ClaimRef
-from gpudra.kube.connection import Connection, ExecPlugin
 from gpudra.kube.session import ApiSession
 from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
 from gpudra.kubeletplugin.preparer import Preparer
@@ -47,54 +43,20 @@ def stored(api: FakeApiServer, name: str, device: str) -> ClaimRef:
     return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
-def test_one_claim_is_fetched_and_prepared_without_the_event_loop(
+def test_without_the_event_loop_each_claim_says_the_daemon_is_stopping(
         node: SimNode, fake_api: FakeApiServer,  # noqa: F811
         closed_loop: asyncio.AbstractEventLoop):
     session = ApiSession.for_url(fake_api.url)
     try:
         preparer = Preparer(driver=DRIVER, fetcher=ClaimFetcher(session, timeout=0.5),
                             state=node.state, loop=closed_loop)
-        one = stored(fake_api, "one", "gpu-0")
-        outcome = preparer.prepare([one])[one.uid]
-        assert outcome.error is None and [d.device for d in outcome.devices] == ["gpu-0"]
-        # Several claims overlap their GETs on the loop, which is closed here.
-        a, b = stored(fake_api, "a", "gpu-1"), stored(fake_api, "b", "gpu-2")
-        outcomes = preparer.prepare([a, b])
-        for ref in (a, b):
-            assert outcomes[ref.uid].error == f"claim {ref}: the node daemon is stopping"
-        assert preparer.unprepare([one]) == {one.uid: None}
+        one, two = stored(fake_api, "one", "gpu-0"), stored(fake_api, "two", "gpu-1")
+        for refs in ([one], [one, two]):
+            outcomes = preparer.prepare(refs)
+            for ref in refs:
+                assert outcomes[ref.uid].error == f"claim {ref}: the node daemon is stopping"
     finally:
         asyncio.run(session.close())
-
-
-def exec_connection(tmp_path: Path, url: str) -> Connection:
-    """A connection whose token comes from an exec plugin (a Python script)."""
-    script = tmp_path / "plugin.py"
-    script.write_text(textwrap.dedent("""
-        import json
-        print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1",
-                          "kind": "ExecCredential", "status": {"token": "t"}}))
-    """))
-    return Connection(server=url, exec_plugin=ExecPlugin(command=sys.executable,
-                                                         args=(str(script),)))
-
-
-async def test_with_an_exec_plugin_the_first_get_goes_through_the_loop_later_ones_do_not(
-        tmp_path: Path, node: SimNode, fake_api: FakeApiServer):  # noqa: F811
-    loop = asyncio.get_running_loop()
-    async with ApiSession(exec_connection(tmp_path, fake_api.url)) as session:
-        preparer = Preparer(driver=DRIVER, fetcher=ClaimFetcher(session, timeout=2.0),
-                            state=node.state, loop=loop)
-        first, second = stored(fake_api, "first", "gpu-3"), stored(fake_api, "second", "gpu-4")
-        # The first needs the plugin, which runs on the loop: the loop must be free.
-        outcome = (await asyncio.to_thread(preparer.prepare, [first]))[first.uid]
-        assert outcome.error is None
-        # Now the credential is known: the GET needs no loop, even a stalled one.
-        answers: list[object] = []
-        worker = threading.Thread(target=lambda: answers.append(preparer.prepare([second])))
-        worker.start()
-        worker.join(5.0)  # this thread is the loop's, and it does not run meanwhile
-        assert answers and answers[0][second.uid].error is None  # type: ignore[index]
 
 
 class Recorder:
