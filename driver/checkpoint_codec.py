@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from gpudra.driver.checkpoint_model import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 from gpudra.driver.mig import parse_device_name
+from gpudra.driver.shown import shown
 
 KIND = "GpudraCheckpoint"
 VERSION = 2
@@ -65,7 +66,8 @@ class CheckpointVersionUnsupported(CheckpointError):
 
     def __init__(self, path: Path, version: object) -> None:
         super().__init__(
-            f"checkpoint {path} has version {version!r}; this gpudra reads versions 1..{NEWEST}."
+            f"checkpoint {path} has version {shown(version)}; this gpudra reads versions "
+            f"1..{NEWEST}."
             " It was written by a newer gpudra: roll forward, or move the file aside to start empty"
         )
         self.path = path
@@ -117,8 +119,9 @@ def decode_snapshot(content: bytes, *, path: Path, boot_id: str) -> Snapshot:
     """:func:`decode`, with the journal generation of a version 3 file."""
     try:
         doc = json.loads(content)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointCorrupt(path, f"not valid JSON ({err})") from err
+    except (ValueError, RecursionError) as err:  # bad UTF-8 or JSON, a 5000-digit number,
+        # or nesting deeper than the parser goes: all corrupt, none a traceback
+        raise CheckpointCorrupt(path, f"not valid JSON ({str(err)[:120]})") from err
     if not isinstance(doc, dict):
         raise CheckpointCorrupt(path, "top level is not a JSON object")
     version = doc.get("version")
@@ -131,7 +134,7 @@ def decode_snapshot(content: bytes, *, path: Path, boot_id: str) -> Snapshot:
         return Snapshot(_decode_v1(doc, path, boot_id), 1, None)
     if isinstance(version, int) and not isinstance(version, bool) and version > NEWEST:
         raise CheckpointVersionUnsupported(path, version)
-    raise CheckpointCorrupt(path, f"unknown version {version!r}")
+    raise CheckpointCorrupt(path, f"unknown version {shown(version)}")
 
 
 def encode_claim(record: ClaimRecord) -> str:

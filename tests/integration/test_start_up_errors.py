@@ -208,3 +208,20 @@ def test_the_first_log_line_names_the_version_and_the_feature_gates(node):
                                       "MPSSupport": False, "ComputeModeSettings": True,
                                       "DeviceHealthCheck": True, "ConsumableCapacity": True}
     assert daemon.stop() == 0
+
+
+# --- files the daemon reads or writes at start-up (issue 27 items 9 and 10) --------------
+
+
+def test_a_checkpoint_version_of_400_digits_is_named_not_printed_whole(node):
+    daemon = node()
+    data_dir = daemon.plugins / "gpu.nvidia.com"
+    data_dir.mkdir(parents=True)
+    checkpoint = data_dir / "checkpoint.json"
+    huge = "9" * 400
+    checkpoint.write_text('{"kind": "GpudraCheckpoint", "version": ' + huge + ', "data": {}}')
+    output = failed(daemon)
+    [error] = daemon.fatal_errors()
+    assert str(checkpoint) in error, output
+    assert "9" * 40 not in output  # bounded: no line carries the number whole
+    assert "400-digit" in error, output
