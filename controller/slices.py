@@ -1,5 +1,29 @@
 """Devices → ResourceSlice objects: plain dicts in the ``resource.k8s.io/v1`` JSON shape.
 
+The layout's contract: what one node publishes must not make the scheduler's per-node work
+grow with the cluster (DESIGN, round 3).
+
+- Why it matters: the 1.36 allocator (``k8s.io/dynamic-resource-allocation/structured``,
+  incubating ``NewAllocator`` and ``GatherPools``) files every slice with ``sharedCounters``
+  as shared, whatever its ``nodeName``, and gathers it for EVERY node's Filter. There that
+  other node's pool is incomplete (its device slices do not target the node filtered), so
+  ``checkSlicesInPool`` scans all slices of the cluster for it, and ``buildPool`` converts
+  and validates all of that pool's devices and counters. One Filter therefore costs
+  (nodes publishing counters) times (slices in the cluster + one pool's devices and
+  attributes). No layout with counters escapes it: ``buildPool`` reads a slice with
+  counters as counters only (never its devices), and a pool's ``resourceSliceCount`` is one
+  number for every node, so the pool looks incomplete to every other node. Upstream master
+  (kubernetes#138917, in 1.37.0-alpha.1) gathers a counters slice only for its own node.
+- So what is published by default has no counter set: full GPUs (and admin-made MIG
+  devices) only. Dynamic MIG and shares, which need counters to keep a full GPU, its MIG
+  placements and its shares apart, are the admin's choice per GPU (``--dynamic-mig-gpus``,
+  ``--dynamic-mig-profiles``, ``--shareable-gpus``); each node that takes them adds its
+  pool to every node's Filter (bench/RESULTS.md, "Scheduler scale").
+- ``--dynamic-mig-placements disjoint`` offers MIG with no counters: per GPU a fixed set
+  of placements that never overlap (and no full GPU there), each made when prepared. Any
+  subset is a packing the hardware accepts, so no counter rule is needed, and the cost is
+  the node's own devices only: flat in the cluster's size.
+
 Layout of the node's pool (one pool, named after the node):
 
 1. Counters-only slices, first: every ``sharedCounters`` set in one slice (several only past
