@@ -5,11 +5,9 @@
 Each line is a cost the node daemon pays on its hot path and does not control:
 
 - a unary gRPC call over a unix socket between two Python processes (the client is
-  grpc.aio, as the kubelet emulator; the server the daemon's :class:`CallServer`, and
-  gRPC's synchronous server for comparison), with a handler that does nothing: round
-  trip p50 and the server's CPU per call. The server side imports grpc with the node
-  daemon's settings (:mod:`gpudra.kubeletplugin.grpc_env`) unless ``--grpc-defaults``;
-  the client always has gRPC's defaults;
+  grpc.aio, as the kubelet emulator; the server gRPC's synchronous server with a thread
+  pool, as the daemon's), with a handler that does nothing: round trip p50 and the
+  server's CPU per call;
 - a durable checkpoint commit of a 2 KiB file (write a temporary file, fsync, rename, fsync
   the directory) on the checkpoint's disk (``--dir``, default /tmp) and on tmpfs: what a
   compaction costs;
@@ -28,8 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 _CLIENT = r"""
 import asyncio, sys, time
@@ -58,14 +56,13 @@ _IMPORTS = ("asyncio, ssl, json, grpc, grpc.aio, google.protobuf, pydantic, stru
             "pynvml, yaml")
 
 
-def grpc_floor(calls: int, kind: str) -> tuple[float, float]:
+def grpc_floor(calls: int) -> tuple[float, float]:
     """(round trip p50 ms, server CPU ms per call) of a do-nothing unprepare served by
-    ``kind``: ``core`` (the daemon's :class:`CallServer`) or ``sync`` (``grpc.server``)."""
+    ``grpc.server`` with a thread pool, as the daemon serves its DRA socket."""
     import grpc
 
     from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc
-    from gpudra.kubeletplugin.call_threads import CallThreads
-    from gpudra.kubeletplugin.core_server import CallServer
+    from gpudra.kubeletplugin.grpc_types import RpcServer
 
     class Nothing(dra_v1_pb2_grpc.DRAPluginServicer):
         def NodeUnprepareResources(
@@ -76,8 +73,8 @@ def grpc_floor(calls: int, kind: str) -> tuple[float, float]:
 
     with tempfile.TemporaryDirectory(prefix="gd-floor-") as tmp:
         target = f"unix:{tmp}/floor.sock"
-        threads = CallThreads(8) if kind == "sync" else None
-        server: Any = grpc.server(threads) if threads is not None else CallServer(8)
+        pool = ThreadPoolExecutor(max_workers=8)
+        server: RpcServer = grpc.server(pool)
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(Nothing(), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(target)
         server.start()
@@ -88,7 +85,7 @@ def grpc_floor(calls: int, kind: str) -> tuple[float, float]:
             cpu = time.process_time() - cpu
         finally:
             server.stop(None).wait(5)
-            (threads or server).close(5)
+            pool.shutdown(wait=True)
     return float(out), cpu / (calls + 100) * 1000
 
 
@@ -156,19 +153,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp"),
                         help="a directory on the disk the checkpoint lives on")
-    parser.add_argument("--grpc-defaults", action="store_true",
-                        help="serve with gRPC's default settings, not the node daemon's")
     args = parser.parse_args()
-    if not args.grpc_defaults:
-        from gpudra.kubeletplugin import grpc_env
-
-        grpc_env.import_grpc()
-    settings = "gRPC's defaults" if args.grpc_defaults else "the daemon's gRPC settings"
-    print(f"server with {settings}")
-    for kind, name in (("core", "CallServer"), ("sync", "grpc.server")):
-        round_trip, server_cpu = grpc_floor(args.calls, kind)
-        print(f"gRPC unary call, Python to Python over a unix socket, no work, {name}: "
-              f"round trip p50 {round_trip:.2f} ms, server CPU {server_cpu:.2f} ms per call")
+    round_trip, server_cpu = grpc_floor(args.calls)
+    print(f"gRPC unary call, Python to Python over a unix socket, no work, grpc.server: "
+          f"round trip p50 {round_trip:.2f} ms, server CPU {server_cpu:.2f} ms per call")
     print(f"durable replace of a 2 KiB file (write, fsync, rename, fsync dir): "
           f"{commit_floor(args.dir):.2f} ms on {args.dir}, "
           f"{commit_floor(Path('/dev/shm')):.3f} ms on /dev/shm (tmpfs)")

@@ -276,9 +276,6 @@ def run(args: argparse.Namespace) -> int:
     fmt, level = _log_settings(args)  # a bad one is a plain line: no format to use yet
     effective = resolve_format(fmt)
     from gpudra.cli.version import version
-    from gpudra.kubeletplugin import grpc_env
-
-    grpc_env.import_grpc()  # first: gRPC reads its settings when imported
     from gpudra.kubeletplugin.daemon import DaemonError, serve
 
     try:

@@ -6,8 +6,8 @@ logs; the two servicers only build their version's messages. The kubelet treats 
 error as "nothing happened" and retries the whole batch, so everything that concerns one
 claim is reported in that claim's entry and only a broken preparer fails the call.
 
-The servicers are synchronous: each call runs from request to answer in the thread that
-received it (:mod:`.core_server`).
+The servicers are synchronous: each call runs from request to answer in one of the DRA
+server's pool threads (:mod:`.server`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 import structlog
@@ -26,6 +26,7 @@ from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.api.identifiers import shown
 from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 
+from .grpc_types import CallContext, RpcServer
 from .interfaces import ClaimPreparer, PrepareOutcome
 
 log = structlog.get_logger(__name__)
@@ -93,7 +94,7 @@ class ClaimCalls:
         self._request_ids = itertools.count(1)
 
     def prepare(
-        self, method: str, wire_claims: Sequence[WireClaim], context: Any
+        self, method: str, wire_claims: Sequence[WireClaim], context: CallContext
     ) -> dict[str, PrepareOutcome]:
         """Prepare the request's claims; a per-claim problem becomes that claim's error."""
         batch = _Batch.of(wire_claims)
@@ -111,7 +112,7 @@ class ClaimCalls:
         return outcomes
 
     def unprepare(
-        self, method: str, wire_claims: Sequence[WireClaim], context: Any
+        self, method: str, wire_claims: Sequence[WireClaim], context: CallContext
     ) -> dict[str, str | None]:
         """Unprepare the request's claims; the result maps uid to an error or None."""
         batch = _Batch.of(wire_claims)
@@ -151,7 +152,7 @@ class _Call:
     def run(
         self,
         batch: _Batch,
-        context: Any,
+        context: CallContext,
         handler: Callable[..., Mapping[str, _Result]],
     ) -> Mapping[str, _Result]:
         refs = list(batch.for_driver)
@@ -187,7 +188,7 @@ class _Call:
         else:
             self._done[str(ref)] = list(devices)
 
-    def done(self, what: str, context: Any) -> None:
+    def done(self, what: str, context: CallContext) -> None:
         """The call's line; ``what`` names the successful claims' field (``prepared``: claim
         → its devices; ``unprepared``: the claims).
 
@@ -233,12 +234,12 @@ class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
     def __init__(self, calls: ClaimCalls) -> None:
         self._calls = calls
 
-    def add_to_server(self, server: Any) -> None:
+    def add_to_server(self, server: RpcServer) -> None:
         """Register on a (synchronous) ``grpc.Server``."""
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
 
     def NodePrepareResources(
-        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: CallContext
     ) -> dra_v1_pb2.NodePrepareResourcesResponse:
         outcomes = self._calls.prepare("v1.NodePrepareResources", request.claims, context)
         return dra_v1_pb2.NodePrepareResourcesResponse(claims={
@@ -251,7 +252,7 @@ class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
         })
 
     def NodeUnprepareResources(
-        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Any
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: CallContext
     ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
         errors = self._calls.unprepare("v1.NodeUnprepareResources", request.claims, context)
         return dra_v1_pb2.NodeUnprepareResourcesResponse(claims={
@@ -266,13 +267,13 @@ class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
     def __init__(self, calls: ClaimCalls) -> None:
         self._calls = calls
 
-    def add_to_server(self, server: Any) -> None:
+    def add_to_server(self, server: RpcServer) -> None:
         """Register on a (synchronous) ``grpc.Server``."""
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
             self, server)
 
     def NodePrepareResources(
-        self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: Any
+        self, request: dra_v1beta1_pb2.NodePrepareResourcesRequest, context: CallContext
     ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
         outcomes = self._calls.prepare(
             "v1beta1.NodePrepareResources", request.claims, context)
@@ -286,7 +287,7 @@ class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
         })
 
     def NodeUnprepareResources(
-        self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: Any
+        self, request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest, context: CallContext
     ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
         errors = self._calls.unprepare(
             "v1beta1.NodeUnprepareResources", request.claims, context)

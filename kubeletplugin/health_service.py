@@ -35,6 +35,8 @@ from gpudra.api.proto import (
 )
 from gpudra.driver.health import DeviceHealth
 
+from .grpc_types import CallContext, RpcServer
+
 log = structlog.get_logger(__name__)
 
 MESSAGE_MAX = 1024
@@ -116,7 +118,7 @@ class HealthService:
         """Streams served at once, each holding a server thread; more are refused."""
         return self._max_streams
 
-    def add_to_server(self, server: Any) -> None:
+    def add_to_server(self, server: RpcServer) -> None:
         """Register ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` on a
         synchronous ``grpc.Server``."""
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
@@ -146,7 +148,7 @@ class HealthService:
             self._closed = True
             self._changed.notify_all()
 
-    def stream(self, version: str, pb: _HealthModule, context: Any) -> Iterator[Any]:
+    def stream(self, version: str, pb: _HealthModule, context: CallContext) -> Iterator[Any]:
         """Responses for one ``NodeWatchResources`` call until the kubelet goes away or
         :meth:`close`; runs in (and holds) one server thread."""
         with self._changed:
@@ -216,7 +218,7 @@ class _V1Servicer(health_v1_pb2_grpc.DRAResourceHealthServicer):
         self._service = service
 
     def NodeWatchResources(
-        self, request: health_v1_pb2.NodeWatchResourcesRequest, context: Any
+        self, request: health_v1_pb2.NodeWatchResourcesRequest, context: CallContext
     ) -> Iterator[health_v1_pb2.NodeWatchResourcesResponse]:
         return self._service.stream("v1", health_v1_pb2, context)
 
@@ -226,6 +228,6 @@ class _V1alpha1Servicer(health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
         self._service = service
 
     def NodeWatchResources(
-        self, request: health_v1alpha1_pb2.NodeWatchResourcesRequest, context: Any
+        self, request: health_v1alpha1_pb2.NodeWatchResourcesRequest, context: CallContext
     ) -> Iterator[health_v1alpha1_pb2.NodeWatchResourcesResponse]:
         return self._service.stream("v1alpha1", health_v1alpha1_pb2, context)

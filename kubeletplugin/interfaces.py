@@ -30,7 +30,7 @@ def always() -> bool:
 class ClaimPreparer(Protocol):
     """Prepares and unprepares claims; must be idempotent (the kubelet retries).
 
-    Called in the DRA socket's call threads (:mod:`.core_server`), several at once: it
+    Called in the DRA socket's call threads (:mod:`.server`), several at once: it
     blocks until the answer is known and must be thread-safe. ``wanted`` says whether the
     kubelet still waits for the answer (its call deadline has not passed, the server is not
     stopping): a prepare it gave up on must not start device work, since the kubelet may

@@ -1,6 +1,6 @@
 """NodePrepareResources / NodeUnprepareResources: fetch, decode, and hand claims to the driver.
 
-A call runs in one of the DRA socket's call threads (:mod:`.core_server`) from start to
+A call runs in one of the DRA socket's call threads (:mod:`.server`) from start to
 answer: the checkpoint lookup, decoding and the device work (NVML, files, the durable
 commit) happen right there, under the driver's own serialisation; calls on different GPUs
 run in parallel. The claims' GETs are sent from the event loop, all at once (one hop there

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import grpc
 import structlog
@@ -27,6 +26,8 @@ from gpudra.api.proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
+
+from .grpc_types import CallContext, RpcServer
 
 log = structlog.get_logger(__name__)
 
@@ -79,8 +80,8 @@ class RegistrationServicer(registration_pb2_grpc.RegistrationServicer):
         self._state = state
         self._loop = loop
 
-    def add_to_server(self, server: Any) -> None:
-        """Register on a synchronous server (``grpc.Server`` or ``CallServer``)."""
+    def add_to_server(self, server: RpcServer) -> None:
+        """Register on a synchronous ``grpc.Server``."""
         registration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             self, server)
 
@@ -91,7 +92,7 @@ class RegistrationServicer(registration_pb2_grpc.RegistrationServicer):
                 functools.partial(self._state.record, registered=registered, error=error))
 
     def GetInfo(
-        self, request: registration_pb2.InfoRequest, context: Any
+        self, request: registration_pb2.InfoRequest, context: CallContext
     ) -> registration_pb2.PluginInfo:
         return registration_pb2.PluginInfo(
             type=DRA_PLUGIN_TYPE,
@@ -101,7 +102,7 @@ class RegistrationServicer(registration_pb2_grpc.RegistrationServicer):
         )
 
     def NotifyRegistrationStatus(
-        self, request: registration_pb2.RegistrationStatus, context: Any
+        self, request: registration_pb2.RegistrationStatus, context: CallContext
     ) -> registration_pb2.RegistrationStatusResponse:
         if request.plugin_registered:
             self._record(registered=True, error=None)

@@ -1,37 +1,60 @@
 """The node daemon's two gRPC servers: DRA services and registration, one per unix socket.
 
-On the DRA socket each kubelet call runs from request to answer in one thread, device work
-included: the thread that polled its request from gRPC's completion queue
-(:mod:`.core_server`), or, with a grpcio lacking that core API, one of the synchronous
-server's call threads (:mod:`.call_threads`). The registration socket has a server of its
-own (it stops first, below) on the DRA server's completion queue and threads: another
-queue's threads would take part in polling the DRA socket (see
-:class:`.core_server.CallQueue`). Its answers do not wait for start-up, and what the
-kubelet tells it goes to the event loop's registration state.
+Both are grpcio's public synchronous server, ``grpc.server`` with a thread pool, not
+``grpc.aio``:
+
+- **The handlers block.** A prepare or unprepare runs driver code (NVML, files, the
+  checkpoint's durable commit) from request to answer. The synchronous server runs it in a
+  pool thread as it stands; under ``grpc.aio`` every call would go from the event loop to a
+  worker thread and back, and the loop, which also publishes slices and writes statuses,
+  would carry the kubelet's I/O too.
+- **Health streams are served** by a thread each, for their life. The DRA server's pool
+  has :attr:`HealthServicer.max_streams` threads beyond :data:`CALL_THREADS`, and the
+  health service refuses streams past that limit, so streams never take the threads
+  claim calls need.
+- **Stop with grace works as the daemon needs**: ``Server.stop(grace)`` refuses new calls
+  at once, lets calls in flight answer for ``grace`` seconds, then cancels them and sets an
+  event once every call ended. A cancelled handler's thread goes on (gRPC cannot stop
+  driver code half way), so the stop then waits a bounded time for the pool's threads.
+- **The kubelet's calls can be cancelled** (its 45 s deadline, or gone): the handler's
+  ``context.is_active()`` turns False, which the preparer asks before device work
+  (``wanted``), and a call cancelled while it waited for a pool thread never runs its
+  handler (gRPC checks before reading the request).
+
+The registration socket has a server and a small pool of its own, so its answers never wait
+behind claim calls or for start-up; what the kubelet tells it goes to the event loop's
+registration state.
 
 Start order matters: the DRA server listens before the registration socket appears, so the
 kubelet never sees a registration whose endpoint does not answer. Stop order is the
 reverse: the registration socket goes first (its removal de-registers us; with a rolling
 update the kubelet moves to the other instance), then in-flight DRA calls get a grace period,
-then their work (which gRPC's cancellation does not stop) a bounded time to finish.
+then their work a bounded time to finish.
+
+A pool's threads are not daemon threads: should one still be stuck in device work when the
+daemon exits with an error, the interpreter waits for it (a clean stop exits at once, see
+``gpudra.cli.node_cmd``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 import structlog
 
-from . import core_server, sockets
-from .call_threads import CallThreads
+from . import sockets
 from .dra_service import ClaimCalls, DraV1beta1Servicer, DraV1Servicer
+from .grpc_types import RpcServer, Servicer
 from .interfaces import ClaimPreparer
 from .registration import RegistrationServicer, RegistrationState, supported_versions
 
@@ -41,8 +64,7 @@ DEFAULT_STOP_GRACE = 5.0
 STOP_EVENT_MARGIN = 1.0
 """Seconds past the grace a stop waits for gRPC to say every call ended."""
 REGISTRATION_THREADS = 2
-"""Threads of the registration socket's server beside gRPC's synchronous server (else it
-shares the DRA server's)."""
+"""The registration server's pool: the kubelet's ``GetInfo`` and its notification."""
 DEFAULT_WORK_WAIT = 5.0
 """At stop, after the grace period: how long call threads still working (a MIG create, an
 MPS start) may finish before the daemon goes on without them."""
@@ -51,13 +73,6 @@ CALL_THREADS = min(32, (os.cpu_count() or 1) + 4)
 executor's limit); more wait for a thread. The pool has the health servicer's
 ``max_streams`` threads more, so open streams never leave claim calls without one (claim
 calls stuck on busy GPUs can still keep a new stream waiting for a thread)."""
-
-
-class Servicer(Protocol):
-    """Something that registers its gRPC service(s), with synchronous handlers, on a
-    ``grpc.Server`` or a :class:`.core_server.CallServer`."""
-
-    def add_to_server(self, server: Any) -> None: ...
 
 
 class HealthServicer(Servicer, Protocol):
@@ -71,14 +86,17 @@ class HealthServicer(Servicer, Protocol):
         ...
 
 
-class CallWaiter(Protocol):
-    """What waits for the DRA server's call threads at stop."""
-
-    def close(self, timeout: float | None = None) -> bool: ...
-
-
 class ServerStartError(RuntimeError):
     """A gRPC server could not listen on its socket."""
+
+
+@dataclass(frozen=True)
+class _Served:
+    """A started gRPC server, the pool its handlers run in, and its socket."""
+
+    server: RpcServer
+    pool: ThreadPoolExecutor
+    socket: Path
 
 
 class PluginServer:
@@ -106,10 +124,8 @@ class PluginServer:
         self._health = health_servicer
         self._versions = supported_versions(health=health_servicer is not None)
         self._registration = RegistrationState()
-        self._dra_server: Any = None
-        self._call_threads: CallWaiter | None = None
-        self._registration_server: Any = None
-        self._registration_threads: CallWaiter | None = None
+        self._dra: _Served | None = None
+        self._registration_served: _Served | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._calls_finished = True
 
@@ -148,31 +164,32 @@ class PluginServer:
     @property
     def serving(self) -> bool:
         """Started and not (being) stopped."""
-        return self._dra_server is not None and self._stopping is None
+        return self._dra is not None and self._stopping is None
 
     async def start(self) -> None:
         """Create the directories, replace stale sockets, start DRA then registration."""
-        if self._dra_server is not None or self._stopping is not None:
+        if self._dra is not None or self._stopping is not None:
             raise RuntimeError("PluginServer.start() called twice (or after stop())")
-        for directory in (self._plugin_data_dir, self._registration_socket.parent):
-            directory.mkdir(parents=True, exist_ok=True)
+        sockets.make_dirs(self._plugin_data_dir)
+        sockets.restrict_dir(self._plugin_data_dir)
+        sockets.make_dirs(self._registration_socket.parent)
         calls = ClaimCalls(self._preparer)
         dra_servicers: list[Servicer] = [DraV1Servicer(calls), DraV1beta1Servicer(calls)]
         if self._health is not None:
             dra_servicers.append(self._health)
-        self._dra_server, self._call_threads = _serve_calls(
-            self._dra_socket, dra_servicers,
-            CALL_THREADS + (self._health.max_streams if self._health is not None else 0))
+        threads = CALL_THREADS + (self._health.max_streams if self._health is not None else 0)
+        self._dra = _serve(self._dra_socket, dra_servicers, threads, "gpudra-call")
         self._calls_finished = False  # until a stop has seen them end
         registration = RegistrationServicer(
             self._driver_name, str(self._dra_socket), self._versions, self._registration,
             asyncio.get_running_loop())
         try:
-            self._registration_server, self._registration_threads = _serve_registration(
-                self._registration_socket, [registration], beside=self._dra_server)
+            self._registration_served = _serve(
+                self._registration_socket, [registration], REGISTRATION_THREADS,
+                "gpudra-registration")
         except BaseException:
-            await self._stop_calls(self._dra_server, grace=None, work_wait=0.0)
-            self._dra_server = None
+            dra, self._dra = self._dra, None
+            await _stop_server(dra, grace=None, work_wait=0.0)
             raise
         log.info("serving the kubelet", driver=self._driver_name,
                  dra_socket=str(self._dra_socket),
@@ -193,29 +210,21 @@ class PluginServer:
         await asyncio.shield(self._stopping)
 
     async def _stop(self, grace: float | None, work_wait: float) -> None:
-        registration_server, self._registration_server = self._registration_server, None
-        registration_threads, self._registration_threads = self._registration_threads, None
-        dra_server, self._dra_server = self._dra_server, None
+        registration, self._registration_served = self._registration_served, None
+        dra, self._dra = self._dra, None
         try:
-            if registration_server is not None:
-                await _stop_server(registration_server, self._registration_socket,
-                                   registration_threads, grace=None,
-                                   work_wait=STOP_EVENT_MARGIN)
+            if registration is not None:
+                await _stop_server(registration, grace=None, work_wait=STOP_EVENT_MARGIN)
             self._registration.record(registered=False, error=None)
         finally:
-            if dra_server is not None:
-                await self._stop_calls(dra_server, grace=grace, work_wait=work_wait)
+            if dra is not None:
+                started = time.monotonic()
+                self._calls_finished = await _stop_server(dra, grace=grace,
+                                                          work_wait=work_wait)
+                if not self._calls_finished:
+                    log.warning("kubelet calls still working after the stop's wait",
+                                waited_seconds=round(time.monotonic() - started, 1))
                 log.info("stopped serving the kubelet", driver=self._driver_name)
-
-    async def _stop_calls(self, server: Any, *, grace: float | None, work_wait: float) -> None:
-        """Stop the DRA server, remove its socket, then wait for the call threads."""
-        threads, self._call_threads = self._call_threads, None
-        started = time.monotonic()
-        self._calls_finished = await _stop_server(server, self._dra_socket, threads,
-                                                  grace=grace, work_wait=work_wait)
-        if not self._calls_finished:
-            log.warning("kubelet calls still working after the stop's wait",
-                        waited_seconds=round(time.monotonic() - started, 1))
 
     async def __aenter__(self) -> PluginServer:
         await self.start()
@@ -230,79 +239,48 @@ class PluginServer:
         await self.stop()
 
 
-def _serve_calls(socket: Path, servicers: Sequence[Servicer], max_threads: int,
-                 ) -> tuple[Any, CallWaiter]:
-    """A started gRPC server on ``socket`` running up to ``max_threads`` calls at once, and
-    what waits for its threads at stop: :class:`.core_server.CallServer`, or gRPC's
-    synchronous server where the installed grpcio lacks the core API it needs."""
+def _serve(socket: Path, servicers: Sequence[Servicer], threads: int, name: str) -> _Served:
+    """A started ``grpc.server`` on ``socket`` running up to ``threads`` handlers at once;
+    if it cannot listen, nothing is left running."""
     _remove_stale(socket)
-    if core_server.available():
-        server: Any = core_server.CallServer(max_threads)
-        waiter: CallWaiter = server
-    else:
-        log.warning("grpcio lacks the core API of the DRA socket's server: using gRPC's "
-                    "synchronous server (about 0.15 ms more per call)")
-        waiter = threads = CallThreads(max_threads)
-        server = grpc.server(threads)  # any Executor serves: gRPC only calls submit()
-    _start(server, waiter, socket, servicers)
-    return server, waiter
-
-
-def _serve_registration(socket: Path, servicers: Sequence[Servicer], *, beside: Any,
-                        ) -> tuple[Any, CallWaiter | None]:
-    """A started server on ``socket`` on the completion queue and threads of ``beside`` (a
-    :class:`.core_server.CallServer`), and None: its threads are ``beside``'s. Beside
-    gRPC's synchronous server, one of those with two threads of its own, and them."""
-    _remove_stale(socket)
-    waiter: CallWaiter | None = None
-    if isinstance(beside, core_server.CallServer):
-        server: Any = core_server.CallServer(queue=beside.queue)
-    else:
-        waiter = threads = CallThreads(REGISTRATION_THREADS, name="gpudra-registration")
-        server = grpc.server(threads)
-    _start(server, waiter, socket, servicers)
-    return server, waiter
-
-
-def _start(server: Any, threads: CallWaiter | None, socket: Path,
-           servicers: Sequence[Servicer]) -> None:
-    """Start ``server`` serving ``servicers`` on ``socket``; if it cannot listen, stop it
-    and its own ``threads`` (if any) before the error goes on."""
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+    server: RpcServer = grpc.server(pool)
     try:
-        _listen(server, socket, servicers)
-    except ServerStartError:
+        for servicer in servicers:
+            servicer.add_to_server(server)
+        try:
+            with sockets.binding(socket):
+                server.add_insecure_port(f"unix:{socket}")
+        except RuntimeError as exc:
+            raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
+    except BaseException:
         server.stop(None)
-        if threads is not None:
-            threads.close(0.0)
+        pool.shutdown(wait=False)
         raise
     server.start()
+    return _Served(server, pool, socket)
 
 
-def _listen(server: Any, socket: Path, servicers: Sequence[Servicer]) -> None:
-    """Register ``servicers`` on ``server`` (either kind) and bind it to ``socket``."""
-    for servicer in servicers:
-        servicer.add_to_server(server)
-    try:
-        server.add_insecure_port(f"unix:{socket}")
-    except RuntimeError as exc:
-        raise ServerStartError(f"cannot listen on unix socket {socket}: {exc}") from exc
-
-
-async def _stop_server(server: Any, socket: Path, threads: CallWaiter | None, *,
-                       grace: float | None, work_wait: float) -> bool:
-    """Stop ``server`` (its calls cancelled after ``grace``), remove its socket, then wait
-    up to ``work_wait`` seconds for its own ``threads``, if any; False if they still work."""
+async def _stop_server(served: _Served, *, grace: float | None, work_wait: float) -> bool:
+    """Stop ``served`` (its calls cancelled after ``grace``), remove its socket, then wait
+    up to ``work_wait`` seconds for its pool's threads; False if they still work."""
     loop = asyncio.get_running_loop()
     try:
-        stopped = server.stop(grace)  # a threading.Event, set once every RPC ended
+        stopped = served.server.stop(grace)
         # Bounded: gRPC sets it from its serving thread, which could be gone.
         await loop.run_in_executor(None, stopped.wait, (grace or 0.0) + STOP_EVENT_MARGIN)
     finally:
-        _remove(socket)
-    if threads is None:
-        return True
-    # gRPC's cancellation at the end of the grace does not stop a call's thread.
-    return await loop.run_in_executor(None, threads.close, work_wait)
+        _remove(served.socket)
+    # gRPC's cancellation at the end of the grace does not stop a handler's thread. The
+    # pool's shutdown waits for its threads in a daemon thread, so that this wait is bounded.
+    ended = threading.Event()
+
+    def shut_down() -> None:
+        served.pool.shutdown(wait=True)
+        ended.set()
+
+    threading.Thread(target=shut_down, name="gpudra-pool-shutdown", daemon=True).start()
+    return await loop.run_in_executor(None, ended.wait, work_wait)
 
 
 def _remove(socket: Path) -> None:

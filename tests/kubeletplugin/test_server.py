@@ -1,11 +1,10 @@
-"""PluginServer lifecycle: sockets appear and disappear, stale files, grace, rolling updates."""
+"""PluginServer lifecycle: sockets appear and disappear, stale files, rolling updates (stop
+with grace: test_server_conformance.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 
-import grpc
 import pytest
 
 from gpudra.kubeletplugin.server import PluginServer, ServerStartError
@@ -53,48 +52,6 @@ async def test_a_failed_start_leaves_no_socket_behind(dirs: Dirs, preparer):
     assert not server.serving
 
 
-async def test_stop_lets_a_call_in_flight_finish(server, kubelet, preparer: TestPreparer):
-    preparer.gate = threading.Event()
-    prepare = asyncio.create_task(kubelet.prepare([claim(1)]))
-    assert await asyncio.to_thread(preparer.entered.wait, 2)
-
-    stop = asyncio.create_task(server.stop(grace=5))
-    await asyncio.sleep(0.05)
-    assert not server.registration_socket_path.exists()  # de-registered at once
-    assert not stop.done()
-    preparer.gate.set()
-
-    assert (await prepare)["uid-1"]["error"] == ""
-    await stop
-    assert not server.dra_socket_path.exists()
-    with pytest.raises(grpc.aio.AioRpcError) as failure:
-        await kubelet.prepare([claim(2)])
-    assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert server.calls_finished
-
-
-async def test_stop_waits_for_a_calls_work_after_the_grace_and_says_when_it_outlives_it(
-        dirs: Dirs):
-    # gRPC cancels the call at the end of the grace, but its thread goes on (a MIG create
-    # half done): stop waits `work_wait` for it, and says whether it ended.
-    for work_wait, finished in ((5.0, True), (0.05, False)):
-        preparer = TestPreparer()
-        preparer.gate = threading.Event()
-        server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer)
-        await server.start()
-        async with await KubeletEmulator.discover(dirs.registrar) as kubelet:
-            prepare = asyncio.create_task(kubelet.prepare([claim(1)]))
-            assert await asyncio.to_thread(preparer.entered.wait, 2)
-            stop = asyncio.create_task(server.stop(grace=0, work_wait=work_wait))
-            with pytest.raises(grpc.aio.AioRpcError):
-                await prepare  # cancelled by the stop
-            await asyncio.sleep(0.2)
-            assert stop.done() is not finished  # waits for the work, or gave up on it
-            preparer.gate.set()
-            await stop
-            assert server.calls_finished is finished
-
-
 async def test_rolling_update_two_instances_side_by_side(dirs: Dirs):
     old_preparer, new_preparer = TestPreparer(), TestPreparer()
     old = PluginServer(DRIVER, dirs.registrar, dirs.plugins, OLD_POD, old_preparer)
@@ -136,15 +93,3 @@ async def test_rolling_update_socket_forms_bind_and_register(dirs: Dirs, dir_byt
     async with server, await KubeletEmulator.discover(registrar) as kubelet:
         assert kubelet.instance().driver == driver
         assert (await kubelet.prepare([claim(1)]))["uid-1"]["error"] == ""
-
-
-async def test_stop_cancels_calls_that_outlive_the_grace(server, kubelet, preparer: TestPreparer):
-    preparer.gate = threading.Event()  # set only once the stop is over
-    prepare = asyncio.create_task(kubelet.prepare([claim(1)]))
-    assert await asyncio.to_thread(preparer.entered.wait, 2)
-    await asyncio.wait_for(server.stop(grace=0.1, work_wait=0.1), 2)
-    with pytest.raises(grpc.aio.AioRpcError):
-        await prepare
-    assert not server.dra_socket_path.exists()
-    assert not server.calls_finished
-    preparer.gate.set()
