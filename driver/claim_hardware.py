@@ -105,10 +105,12 @@ def planned_device(step: DeviceStep) -> DeviceRecord:
     else:
         parent = target.parent_uuid
         # Intent only: ids of -1 until the instance exists. Recovery finds it by placement.
+        # Admin access observes a device another claim made: never ours to destroy.
         mig = MigRecord(parent_uuid=target.parent_uuid, gpu_instance_id=-1,
                         compute_instance_id=-1, profile_id=target.profile.profile_id,
                         placement_start=target.placement.start,
-                        placement_size=target.placement.size, mig_uuid=None, created=True)
+                        placement_size=target.placement.size, mig_uuid=None,
+                        created=not step.allocated.admin_access)
     return DeviceRecord(
         # As allocated (``req/sub`` included): the kubelet's wire layer strips subrequests.
         request_names=[step.allocated.request], pool=step.allocated.pool,
@@ -161,6 +163,8 @@ class ClaimHardware:
             if step.share is not None:
                 self._preflight_share(claim, step.share)
                 continue
+            if step.allocated.admin_access and isinstance(step.target, DynamicMigTarget):
+                self._observed_mig(claim, step)  # refused now if there is nothing to observe
             if config is None or step.allocated.admin_access:
                 continue
             device = step.allocated.device
@@ -250,7 +254,18 @@ class ClaimHardware:
         # a crash) then looks them up by placement, skipping devices that predate the claim
         # (restore["preexistingMig"]), so a placement held by someone else is never touched.
         for i, step in enumerate(plan.steps):
-            if isinstance(step.target, DynamicMigTarget):
+            if isinstance(step.target, DynamicMigTarget) and step.allocated.admin_access:
+                observed = self._observed_mig(plan.claim, step)
+                intent = devices[i].mig
+                assert intent is not None
+                devices[i] = devices[i].model_copy(update={"uuid": observed.uuid, "mig": (
+                    intent.model_copy(update={
+                        "gpu_instance_id": observed.gpu_instance_id,
+                        "compute_instance_id": observed.compute_instance_id,
+                        "mig_uuid": observed.uuid}))})
+                record = record.model_copy(update={"devices": list(devices)})
+                progress.append(record)
+            elif isinstance(step.target, DynamicMigTarget):
                 try:
                     instance = self._create_mig(plan.claim, step.target)
                 except NvmlError as exc:  # named here, where we know which device failed
@@ -352,6 +367,26 @@ class ClaimHardware:
             return self.mps.daemon_for(uid).container_edits()
         return None
 
+    def _observed_mig(self, claim: ClaimToPrepare, step: DeviceStep) -> MigInstance:
+        """The live MIG device an admin-access claim observes. Admin access never creates,
+        destroys or reconfigures hardware: a device made on demand that no claim has made
+        yet is this claim's error, and nothing is changed."""
+        target = step.target
+        assert isinstance(target, DynamicMigTarget)
+        try:  # a MIG device: a GPU instance with its compute instance (a bare GI is none)
+            live = next((i for i in self.nvml.mig_instances(target.parent_uuid)
+                         if i.profile_id == target.profile.profile_id
+                         and i.placement.start == target.placement.start), None)
+        except NvmlError as exc:
+            raise ClaimError(_nvml_message(claim, step, exc)) from exc
+        if live is None:
+            raise ClaimError(
+                f"claim {claim.ref}: device {step.allocated.device!r} is requested with "
+                "adminAccess, which observes a device and never creates one, and this MIG "
+                f"device does not exist (no claim holds it on GPU {target.parent_uuid}); "
+                "nothing was changed")
+        return live
+
     def _create_mig(self, claim: ClaimToPrepare, target: DynamicMigTarget) -> MigInstance:
         mode = self.nvml.mig_mode(target.parent_uuid)
         if mode is None:
@@ -442,8 +477,11 @@ class ClaimHardware:
                        (record.restore.get("preexistingMig") or {}).items()}
         for device in record.devices:
             mig = device.mig
-            if mig is None or mig.profile_id < 0 or mig.parent_uuid in gone:
-                continue  # static MIG is never ours to destroy; a gone GPU has nothing
+            if mig is None or mig.profile_id < 0 or mig.parent_uuid in gone \
+                    or device.admin_access:
+                # static MIG is never ours to destroy; a gone GPU has nothing; an admin
+                # claim only observed (its MIG mode is the creator's to put back)
+                continue
             parents.add(mig.parent_uuid)  # MIG mode may have been turned on for it
             if mig.created:
                 self._destroy(mig, owned, preexisting.get(mig.parent_uuid, set()))
