@@ -15,6 +15,7 @@ from typing import Any
 
 from celpy import celtypes
 
+from gpudra.driver.shown import shown
 from gpudra.scheduling.cel.errors import cel_error
 
 _IDENT = re.compile(r"^[0-9A-Za-z-]+$")
@@ -50,11 +51,22 @@ class Semver:
         return hash((self.major, self.minor, self.patch, self.pre))
 
 
+_MAX_NUMBER = 2**64 - 1
+"""blang/semver keeps each number in a uint64: a longer one is an error there, and here
+(a 400-digit version must not be accepted, compared and printed whole)."""
+
+
 def _number(text: str, what: str) -> int:
     if not text.isdigit() or not text.isascii():
-        raise ValueError(f"Invalid character(s) found in {what} number {text!r}")
+        raise ValueError(f"Invalid character(s) found in {what} number {shown(text)}")
     if len(text) > 1 and text[0] == "0":
-        raise ValueError(f"{what.capitalize()} number must not contain leading zeroes {text!r}")
+        raise ValueError(f"{what.capitalize()} number must not contain leading zeroes "
+                         f"{shown(text)}")
+    if len(text) > len(str(_MAX_NUMBER)):  # before int(): past 4300 digits it raises
+        raise ValueError(f"{what.capitalize()} number of {len(text)} digits is out of range "
+                         "(at most 2^64-1)")
+    if int(text) > _MAX_NUMBER:
+        raise ValueError(f"{what.capitalize()} number {text} is out of range (at most 2^64-1)")
     return int(text)
 
 
@@ -64,9 +76,10 @@ def _identifiers(text: str, what: str, numeric_rules: bool) -> tuple[str, ...]:
         if not part:
             raise ValueError(f"{what} is empty")
         if not _IDENT.match(part):
-            raise ValueError(f"Invalid character(s) found in {what} {part!r}")
+            raise ValueError(f"Invalid character(s) found in {what} {shown(part)}")
         if numeric_rules and part.isdigit() and len(part) > 1 and part[0] == "0":
-            raise ValueError(f"{what.capitalize()} must not contain leading zeroes {part!r}")
+            raise ValueError(f"{what.capitalize()} must not contain leading zeroes "
+                             f"{shown(part)}")
     return parts
 
 
@@ -136,7 +149,7 @@ def semver(text: Any, flag: Any = None) -> Any:
     except TypeError:
         return cel_error("no such overload: semver() takes a string (and a bool)")
     except ValueError as exc:
-        return cel_error(f"invalid semver {str(text)!r}: {exc}")
+        return cel_error(f"invalid semver {shown(str(text))}: {exc}")
 
 
 def is_semver(text: Any, flag: Any = None) -> Any:

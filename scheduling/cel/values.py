@@ -13,6 +13,7 @@ from typing import Any
 
 from celpy import celtypes
 
+from gpudra.driver.shown import shown
 from gpudra.scheduling.cel import semver
 from gpudra.scheduling.cel.errors import CelEvalError
 from gpudra.scheduling.cel.quantity import Quantity
@@ -93,7 +94,7 @@ def _version(text: str) -> semver.Semver:
     try:
         return semver.parse(text)
     except ValueError as exc:
-        raise CelEvalError(f"attribute version {text!r} is not semver: {exc}") from None
+        raise CelEvalError(f"attribute version {shown(text)} is not semver: {exc}") from None
 
 
 def _capacity_value(encoded: Mapping[str, Any]) -> Quantity:
