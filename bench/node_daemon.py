@@ -97,8 +97,8 @@ def rss_mib(pid: int) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of a process so far, every thread included, ended ones too (the DRA
-    socket's spare threads end when idle): the kernel's per-process CPU clock, in
+    """CPU time of a process so far, every thread included, ended ones too (start-up's
+    threads end): the kernel's per-process CPU clock, in
     nanoseconds (what ``clock_getcpuclockid`` gives: ``~pid << 3 | CPUCLOCK_SCHED``); where
     that fails, user + system time in clock ticks from /proc."""
     try:
