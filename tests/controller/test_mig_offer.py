@@ -189,3 +189,38 @@ def test_the_environment_chooses_when_no_flag_does(monkeypatch, capsys):
     migs = [d["name"] for s in slices for d in s["spec"].get("devices", [])
             if d["attributes"]["type"]["string"] == "mig"]
     assert migs == ["gpu-3-mig-7g80gb-0-0"]
+
+
+def _published(node: Any, options: ModelOptions) -> list[str]:
+    """What the daemon republishes after a prepare: the index rebuilt with its own MIG."""
+    from dataclasses import replace
+
+    from gpudra.driver.prepare_plan import NodeIndex
+    from tests.driver.node_fixture import POOL
+
+    inventory = read_inventory(node.nvml, pcie_root=simulated_pcie_root)
+    owned = replace(options, owned_mig_uuids=node.state.owned_mig_uuids())
+    node.state.index = NodeIndex.build(POOL, inventory, owned)
+    return [d.name for d in node.state.index.devices.devices if d.name.startswith("gpu-0")]
+
+
+def test_a_disjoint_device_is_made_when_prepared_and_stays_published(tmp_path):
+    """The node side: a ``disjoint`` device is a MIG device made on demand like any other;
+    while it is held the GPU publishes the same set (the held one included), and a GPU
+    taken out of the offer lists it as static, under its name, until it is gone."""
+    from tests.driver.node_fixture import claim, start_node
+
+    options = ModelOptions(mig=parse_offer("0", "1g.10gb", "disjoint"))
+    node = start_node(tmp_path, options=options)
+    try:
+        offered = [f"gpu-0-mig-1g10gb-19-{start}" for start in range(7)]
+        assert _published(node, options) == offered
+        uid = "11111111-1111-4111-8111-111111111111"
+        node.state.prepare(claim(uid, offered[3]))
+        assert _published(node, options) == offered
+        assert _published(node, ModelOptions(mig=NOTHING)) == [offered[3]]
+        node.state.unprepare(uid)
+        assert node.control.snapshot()["gpus"][0]["gpu_instances"] == []
+        assert _published(node, ModelOptions(mig=NOTHING)) == ["gpu-0"]
+    finally:
+        node.close()
