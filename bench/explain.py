@@ -40,7 +40,7 @@ def main() -> None:
             started = time.perf_counter()
             done = subprocess.run(
                 [sys.executable, "-m", "gpudra.cli.main", "explain", str(CLAIM), "--simulate",
-                 args.profile, "--nodes", str(args.nodes)],
+                 args.profile, "--nodes", str(args.nodes), "--dynamic-mig-gpus", "all"],
                 cwd=ROOT, capture_output=True, text=True, check=False, env=env)
             elapsed = time.perf_counter() - started
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

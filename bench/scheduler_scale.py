@@ -2,6 +2,7 @@
 
     python -m bench.scheduler_scale [--nodes 1,10,100,1000] [--runs 3] [--repeat 5]
                                     [--layouts a,b] [--counter-nodes-max 100]
+    python -m bench.scheduler_scale --properties --nodes 10,100 [--runs 3] [--repeat 20]
 
 N simulated DGX H100 nodes publish the slices of one layout (what ``gpudra node`` with the
 layout's flags publishes); ``dra-allocate`` (``../shared/tools/dra-allocate/dra-allocate``
@@ -206,6 +207,110 @@ def allocate_ms(binary: str, cluster: Path, claim: Path, repeat: int) -> float |
     return float(report["allocateMs"]["median"])
 
 
+# --- --properties: which property of the slices makes other nodes cost (item 1) ----------
+
+
+def _devices(node: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for obj in node:
+        yield from obj["spec"].get("devices", [])
+
+
+def _no_attributes(node: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for device in _devices(node):
+        device["attributes"] = {"type": device["attributes"]["type"]}
+    return node
+
+
+def _one_counter(node: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for obj in node:
+        for counter_set in obj["spec"].get("sharedCounters", []):
+            counter_set["counters"] = {"memory-slice-0": {"value": "1"}}
+    for device in _devices(node):
+        for used in device.get("consumesCounters", []):
+            used["counters"] = {"memory-slice-0": {"value": "1"}}
+    return node
+
+
+def _full_gpus_consume(node: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for obj in node:
+        if "devices" in obj["spec"]:
+            obj["spec"]["devices"] = [d for d in obj["spec"]["devices"]
+                                      if d["attributes"]["type"]["string"] == "gpu"]
+    return node
+
+
+def _fewer_slices(node: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same devices in chunks of 64 (the limit with counters): 1 + 4 slices, not 1 + 8."""
+    counters = [o for o in node if "sharedCounters" in o["spec"]]
+    devices = list(_devices(node))
+    template = next(o for o in node if "devices" in o["spec"])
+    chunks = [devices[i:i + 64] for i in range(0, len(devices), 64)]
+    out = counters + [{**template, "metadata": {**template["metadata"],
+                                                "name": f"{template['metadata']['name']}-c{i}"},
+                       "spec": {**template["spec"], "devices": chunk}}
+                      for i, chunk in enumerate(chunks)]
+    for obj in out:
+        obj["spec"]["pool"] = {**obj["spec"]["pool"], "resourceSliceCount": len(out)}
+    return out
+
+
+def _per_device_nodes(node: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Device slices select their node per device (no slice nodeName)."""
+    for obj in node:
+        if "devices" in obj["spec"]:
+            name = obj["spec"].pop("nodeName")
+            obj["spec"]["perDeviceNodeSelection"] = True
+            for device in obj["spec"]["devices"]:
+                device["nodeName"] = name
+    return node
+
+
+PROPERTIES: dict[str, tuple[str, str, Any]] = {
+    # name: (layout of node-0, layout of the others, transformation of the others' slices)
+    "full-GPU layout everywhere": ("full-gpu", "full-gpu", None),
+    "dynamic MIG everywhere (today)": ("dynamic-all", "dynamic-all", None),
+    "node-0 dynamic, others full-GPU": ("dynamic-all", "full-gpu", None),
+    "node-0 full-GPU, others dynamic": ("full-gpu", "dynamic-all", None),
+    "others: attributes cut to `type`": ("full-gpu", "dynamic-all", _no_attributes),
+    "others: one counter per set": ("full-gpu", "dynamic-all", _one_counter),
+    "others: counters, 8 full GPUs consume them, no MIG": (
+        "full-gpu", "dynamic-all", _full_gpus_consume),
+    "others: 1 + 4 slices per pool (not 1 + 8)": ("full-gpu", "dynamic-all", _fewer_slices),
+    "others: per-device node selection": ("full-gpu", "dynamic-all", _per_device_nodes),
+    "others: one GPU dynamic (2 profiles)": ("full-gpu", "dynamic-gpu0-small", None),
+    "others: shares on all GPUs (counters)": ("full-gpu", "shares-all", None),
+    "others: disjoint 1g on all GPUs": ("full-gpu", "disjoint-1g-all", None),
+}
+
+
+def properties(binary: str, sizes: Sequence[int], runs: int, repeat: int) -> None:
+    layouts = {layout.name: layout for layout in LAYOUTS}
+    built: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="gpudra-bench-props-") as scratch:
+        directory = Path(scratch)
+        claim = directory / "claim.json"
+        claim.write_text(json.dumps(CLAIMS["full GPU"]))
+        print("| node-0 / other nodes | " + " | ".join(f"N={n}" for n in sizes) + " |")
+        print("|---|" + "---|" * len(sizes))
+        for name, (own, others, change) in PROPERTIES.items():
+            for layout in (own, others):
+                if layout not in built:
+                    built[layout] = node_slices(layouts[layout], "node-0")
+            cells = []
+            for nodes in sizes:
+                path = directory / "cluster.json"
+                items = list(json.loads(json.dumps(built[own])))
+                for i in range(1, nodes):
+                    other = json.loads(json.dumps(list(renamed(built[others], "node-0",
+                                                               f"node-{i}"))))
+                    items += change(other) if change else other
+                path.write_text(json.dumps({"apiVersion": "v1", "kind": "List",
+                                            "items": items}, separators=(",", ":")))
+                times = [allocate_ms(binary, path, claim, repeat) for _ in range(runs)]
+                cells.append(" / ".join(f"{t:.3g}" for t in times if t is not None))
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", default="1,10,100,1000")
@@ -214,10 +319,16 @@ def main() -> None:
     parser.add_argument("--layouts", default=",".join(layout.name for layout in LAYOUTS))
     parser.add_argument("--counter-nodes-max", type=int, default=100,
                         help="largest N for layouts where every node publishes counters")
+    parser.add_argument("--properties", action="store_true",
+                        help="instead: a full GPU on node-0 while the other nodes' slices "
+                             "change one property at a time")
     args = parser.parse_args()
     binary, why = dra_allocate()
     if binary is None:
         print(f"skipped: {why}")
+        return
+    if args.properties:
+        properties(binary, [int(n) for n in args.nodes.split(",")], args.runs, args.repeat)
         return
     wanted = args.layouts.split(",")
     sizes = [int(n) for n in args.nodes.split(",")]
