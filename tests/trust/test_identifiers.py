@@ -72,8 +72,12 @@ def test_a_path_component_is_one_plain_name(name):
 
 def test_json_nested_deeper_than_the_bound_is_refused_before_decoding():
     deep = b"[" * 5000 + b"]" * 5000
-    with pytest.raises(bounded_json.JsonTooDeep, match="5000 levels"):
+    with pytest.raises(bounded_json.JsonTooDeep, match=r"5000 levels deep \(at most 100\) at "
+                       r"\[0\]\[0\]"):
         bounded_json.loads(deep)
+    nested = b'{"a": [1, {"b": {"c": ' + b"[" * 200 + b"]" * 200 + b"}}]}"
+    with pytest.raises(bounded_json.JsonTooDeep, match=r"at a\[1\]\.b\.c\[0\]"):
+        bounded_json.loads(nested)
     # A string full of brackets is text, not nesting.
     text = json.dumps({"a": "[" * 500, "b": "\\\"{{{"}).encode()
     assert bounded_json.depth(text) == 1
