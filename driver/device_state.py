@@ -52,6 +52,8 @@ from gpudra.driver.devices import Device
 from gpudra.driver.driver_root import DriverRoot, uses_video
 from gpudra.driver.faults import crash_point, delay_point
 from gpudra.driver.gpu_locks import GpuLocks, GpuLockTimeout
+from gpudra.driver.held import HeldDevice, kept_mig_instances
+from gpudra.driver.held import conflict as held_conflict
 from gpudra.driver.inventory import NodeInventory
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlError
@@ -117,6 +119,8 @@ class DeviceState:
         """What ``index`` was built from, with ``model_options``, when the node set it: GPUs
         that could not be read are in ``inventory.unavailable``, to add once they answer."""
         self.model_options = ModelOptions()
+        self.held: tuple[HeldDevice, ...] = ()
+        """Hardware held for claims the node cannot name: never destroyed, never prepared."""
         self._by_name: tuple[NodeIndex, Mapping[str, Device]] | None = None
 
     # --- queries ---------------------------------------------------------------------------
@@ -275,6 +279,12 @@ class DeviceState:
         for step in plan.steps:
             if step.allocated.admin_access:
                 continue
+            unknown = held_conflict(self.held, step.target, admin_access=False)
+            if unknown is not None:
+                raise ClaimError(
+                    f"claim {claim.ref}: device {step.allocated.device!r} is on hardware held "
+                    f"for a claim this node cannot name ({unknown.what}: {unknown.reason}); "
+                    "see README, Operations")
             key = (step.allocated.pool, step.allocated.device)
             if step.share is not None:  # shares of one device coexist: checked by capacity
                 earlier = [s.share for s in plan.steps[:plan.steps.index(step)] if s.share]
@@ -468,7 +478,8 @@ class DeviceState:
         with self.gpu_locks.hold(gpus, self._lock_timeout), \
                 self.store.locked(self._lock_timeout):
             return reconcile(self.store, self.hardware, undo=self._undo,
-                             cdi_root=self.cdi_root, driver=self.driver)
+                             cdi_root=self.cdi_root, driver=self.driver,
+                             held=kept_mig_instances(self.held))
 
     def clean_up_gpus(self, gpus: Iterable[str]) -> list[str]:
         """For GPUs that answer again after start-up: what start-up reconciliation does on
@@ -477,7 +488,9 @@ class DeviceState:
         with self.gpu_locks.hold(set(wanted), self._lock_timeout), \
                 self.store.locked(self._lock_timeout):
             cp = self.store.load()
-            return [uuid for gpu in wanted for uuid in clean_up_gpu(self.hardware, cp, gpu)]
+            held = kept_mig_instances(self.held)
+            return [uuid for gpu in wanted
+                    for uuid in clean_up_gpu(self.hardware, cp, gpu, held)]
 
 
 def _capacity(step: DeviceStep) -> dict[str, int]:

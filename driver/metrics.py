@@ -33,6 +33,10 @@ PUBLISHED_SLICES = Gauge("gpudra_published_slices", "ResourceSlices in the publi
 XID_EVENTS = Counter("gpudra_xid_events", "XID events seen, by GPU and XID", ["gpu", "xid"])
 DEVICE_TAINTS = Gauge("gpudra_device_taints", "Taints currently on published devices",
                       ["effect"])
+HELD_UNKNOWN = Gauge(
+    "gpudra_held_unknown_devices",
+    "Hardware held for claims the node cannot name (a checkpoint it could not read): "
+    "tainted, never destroyed; see README, Operations")
 
 
 def error_reason(message: str) -> str:

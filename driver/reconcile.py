@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,13 +38,15 @@ def reconcile(
     undo: Callable[[ClaimRecord, Checkpoint], None],
     cdi_root: Path,
     driver: str,
+    held: Collection[tuple[str, int]] = (),
 ) -> ReconcileReport:
     """Roll back half-prepared claims, adopt or restart prepared claims' MPS daemons and stop
     the others, destroy MIG devices no completed claim owns on GPUs gpudra partitioned, and
     remove CDI specs no completed claim owns.
 
     The caller holds every GPU's lock and the checkpoint's; ``undo`` rolls one claim back
-    (hardware and CDI spec).
+    (hardware and CDI spec). ``held``: (GPU, GPU instance id) of MIG devices held for claims
+    the node cannot name (:mod:`gpudra.driver.held`), never destroyed.
     """
     report = ReconcileReport()
     result = store.load_result()
@@ -64,7 +66,7 @@ def reconcile(
     for parent in cp.mig_mode_baseline:
         if parent in report.unavailable_gpus:
             continue  # one missing GPU must not stop start-up; its baseline is kept
-        report.destroyed_mig_devices.extend(clean_up_gpu(hardware, cp, parent))
+        report.destroyed_mig_devices.extend(clean_up_gpu(hardware, cp, parent, held))
     for uid, path in cdi.list_claim_specs(cdi_root, driver).items():
         if uid not in cp.completed():
             path.unlink(missing_ok=True)
@@ -72,7 +74,8 @@ def reconcile(
     return report
 
 
-def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str) -> list[str]:
+def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str,
+                 held: Collection[tuple[str, int]] = ()) -> list[str]:
     """On a GPU gpudra partitioned: destroy the MIG devices no completed claim owns and put
     its MIG mode back when none is left; the UUIDs destroyed. Nothing on other GPUs.
 
@@ -89,7 +92,7 @@ def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str) -> list[s
     }
     destroyed = []
     for instance in hardware.safe_instances(parent):
-        if instance.gpu_instance_id in keep:
+        if instance.gpu_instance_id in keep or (parent, instance.gpu_instance_id) in held:
             continue
         hardware.nvml.destroy_mig_device(parent, instance.gpu_instance_id,
                                          instance.compute_instance_id)

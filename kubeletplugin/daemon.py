@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -123,6 +124,9 @@ class _Runtime:
     """Per-claim usage sampling and the idle tracker (None: ``--usage-interval 0``)."""
     on_idle: Callable[[IdleTransition], None] | None = None
     """The idle tracker's listener: claim ``Idle`` conditions and idle Events."""
+    held: tuple[str, ...] = ()
+    """Hardware held for claims the node cannot name, one line each (``/readyz`` notes)."""
+    held_event: asyncio.Task[None] | None = None
 
     def not_live(self) -> list[str]:
         """``/healthz``: the registration socket answers ``GetInfo`` (the loop is not stuck)."""
@@ -156,7 +160,14 @@ class _Runtime:
             log.warning("checkpoint journal not folded at stop; the next start reads it",
                         error=str(error) if error else "timed out")
 
+    def held_notes(self) -> list[str]:
+        """``/readyz`` lines after its verdict: held hardware does not make the node unready
+        (it serves its other devices), but whoever looks must see it."""
+        return list(self.held)
+
     async def close(self, grace: float) -> None:
+        if self.held_event is not None:
+            self.held_event.cancel()
         if self.health is not None:  # its streams would make the server wait out `grace`
             self.health.close()
         if self.server is not None:
@@ -229,12 +240,17 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     await _in_daemon_thread(_import_client_modules)
     from gpudra.controller.publisher import SlicePublisher
     from gpudra.driver.checkpoint_codec import CheckpointError
+    from gpudra.driver.devices import NodeDevices
+    from gpudra.driver.health import rfc3339
     from gpudra.driver.health_monitor import HealthMonitor
+    from gpudra.driver.held import HELD_TAINT, summary, with_held_taints
     from gpudra.driver.nvml import NvmlUnavailable
     from gpudra.driver.usage import IdleTracker
     from gpudra.driver.usage_sampler import ClaimPods, UsageSampler
+    from gpudra.kube.raw_api import RawApi
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
     from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
+    from gpudra.kubeletplugin.events import held_event, send_held_event
     from gpudra.kubeletplugin.node_state import (
         build_device_state,
         pick_up_answering_gpus,
@@ -248,12 +264,26 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     except NvmlUnavailable as exc:
         raise DaemonError(str(exc)) from exc
     runtime.step = "discovering devices and reconciling the checkpoint"
+    # Opened on its first request: only a checkpoint that cannot be read asks it anything
+    # here (the claims allocated to this node, the slices it published).
+    runtime.api = api = api_session(connection)
+    ask_api = _survivor_lists(config, api, asyncio.get_running_loop())
     try:
-        state = await _in_daemon_thread(build_device_state, config, nvml)
+        state = await _in_daemon_thread(build_device_state, config, nvml, ask_api)
     except CheckpointError as exc:  # e.g. the previous pod still holds the lock
         raise DaemonError(f"checkpoint: {exc}") from exc
     runtime.step = "starting the API client"
-    runtime.api = api = api_session(connection)
+    runtime.held = tuple(summary(state.held))
+    if state.held:
+        runtime.held_event = asyncio.create_task(send_held_event(RawApi(api), held_event(
+            driver=config.driver_name, node=config.node_name, held=runtime.held,
+            taint=HELD_TAINT, now=time.time())), name="held event")
+    held_since = rfc3339(time.time())
+
+    def published() -> NodeDevices:
+        """The devices with held hardware tainted ``NoSchedule``."""
+        return with_held_taints(state.index.devices, state.held, state.index.targets,
+                                held_since)
     pods = ClaimPods()  # who each claim is reserved for, as prepare saw it: usage labels
     status, idle_events = _claim_observers(config, api, state)
     runtime.on_idle = idle_listener(asyncio.get_running_loop(), status.idle_changed,
@@ -276,7 +306,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
 
         def refresh() -> None:
             assert monitor is not None and health is not None
-            devices = monitor.apply(state.index.devices)
+            devices = monitor.apply(published())
             publisher.update(devices)
             status.health_changed(unhealthy_devices(devices))
             health.notify()
@@ -292,7 +322,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
         watching = monitor
         health.set_source(lambda: watching.device_health(state.index.devices))
     else:
-        publisher.update(state.index.devices)
+        publisher.update(published())
     runtime.publisher = publisher
     runtime.gate = gate
 
@@ -311,6 +341,45 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     gc.freeze()
     log.info("node daemon running", node=config.node_name, driver=config.driver_name,
              devices=len(state.index.devices.devices), simulate=config.simulate)
+
+
+SURVIVOR_LIST_TIMEOUT = 30.0
+"""Seconds a start-up whose checkpoint cannot be read waits for the API server's lists."""
+
+
+def _survivor_lists(config: NodeConfig, api: Any, loop: asyncio.AbstractEventLoop,
+                    ) -> Callable[[], tuple[list[Any] | None, list[Any] | None]]:
+    """For the start-up thread: the ResourceClaims of every namespace and this node's
+    ResourceSlices, listed on the loop; ``None`` for a list that failed (recovery then
+    works from the CDI specs and the hardware alone)."""
+    from gpudra.kube.errors import ApiCallError
+    from gpudra.kube.raw_api import RESOURCE_CLAIMS, RESOURCE_SLICES, RawApi
+
+    raw = RawApi(api)
+
+    async def items(resource: Any, selector: str) -> list[Any] | None:
+        try:
+            found = (await raw.list(resource, field_selector=selector)).get("items")
+        except ApiCallError as exc:
+            log.warning("cannot list for checkpoint recovery", resource=resource.plural,
+                        error=str(exc))
+            return None
+        return found if isinstance(found, list) else None
+
+    async def both() -> tuple[list[Any] | None, list[Any] | None]:
+        return (await items(RESOURCE_CLAIMS, ""), await items(
+            RESOURCE_SLICES, f"spec.driver={config.driver_name},spec.nodeName={config.node_name}"))
+
+    def ask() -> tuple[list[Any] | None, list[Any] | None]:
+        future = asyncio.run_coroutine_threadsafe(both(), loop)
+        try:
+            return future.result(SURVIVOR_LIST_TIMEOUT)
+        except TimeoutError:
+            future.cancel()
+            log.warning("the API server did not answer in time for checkpoint recovery")
+            return None, None
+
+    return ask
 
 
 def _open_nvml(config: NodeConfig) -> Nvml:
@@ -369,7 +438,8 @@ def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
     from gpudra.kubeletplugin.http_probes import ProbeServer  # not loaded when disabled
 
     try:
-        return ProbeServer(address, live=runtime.not_live, ready=runtime.not_ready)
+        return ProbeServer(address, live=runtime.not_live, ready=runtime.not_ready,
+                           notes=runtime.held_notes)
     except OSError as exc:
         host, port = address
         raise DaemonError(f"--http-address {host}:{port}: {exc.strerror or exc}") from exc

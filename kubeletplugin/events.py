@@ -33,6 +33,9 @@ EVENTS_SENT = Counter(
 """Outcomes: ``ok``, ``failed`` (the API call failed), ``capped`` (over the node's cap)."""
 
 IDLE_REASON: Final = "GPUClaimIdle"
+HELD_REASON: Final = "HardwareHeldUnknown"
+MAX_NOTE: Final = 1024
+"""events.k8s.io/v1 refuses a longer ``note``."""
 
 Obj = dict[str, Any]
 
@@ -160,3 +163,37 @@ class IdleEvents:
             return {"apiVersion": "v1", "kind": "Pod", "namespace": transition.namespace,
                     "name": transition.pods[0]}
         return None
+
+
+def held_event(*, driver: str, node: str, held: Sequence[str], taint: str, now: float) -> Obj:
+    """The Warning Event about the Node when hardware is held for claims it cannot name
+    (its checkpoint could not be read): what, why, and that nothing is destroyed."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    note = (f"{len(held)} held for claims this node cannot name (its checkpoint could not "
+            f"be read): tainted {taint} NoSchedule, never destroyed automatically; see the "
+            "README, Operations. " + "; ".join(held))
+    if len(note) > MAX_NOTE:
+        note = note[:MAX_NOTE - 3] + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": f"{node}.", "namespace": "default"},
+        "eventTime": stamp,
+        "reportingController": driver,
+        "reportingInstance": node,
+        "action": "Recovering",
+        "reason": HELD_REASON,
+        "type": "Warning",
+        "note": note,
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+async def send_held_event(api: RawApi, event: Obj) -> None:
+    """One try: the log line and the metric say it too, so a failure is logged, not fatal."""
+    try:
+        await api.create(EVENTS, event, namespace="default")
+    except ApiCallError as exc:
+        EVENTS_SENT.labels(HELD_REASON, "failed").inc()
+        log.warning("held-hardware event not recorded", error=str(exc))
+    else:
+        EVENTS_SENT.labels(HELD_REASON, "ok").inc()

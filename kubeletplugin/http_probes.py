@@ -21,10 +21,14 @@ Check = Callable[[], Sequence[str]]
 
 
 class ProbeServer:
-    def __init__(self, address: tuple[str, int], *, live: Check, ready: Check) -> None:
+    def __init__(self, address: tuple[str, int], *, live: Check, ready: Check,
+                 notes: Check | None = None) -> None:
+        """``notes``: lines ``/readyz`` shows after its verdict without failing it (held
+        hardware: the node serves its other devices)."""
         host, port = address
         self._live = live
         self._ready = ready
+        self._notes = notes
         probes = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,16 +62,19 @@ class ProbeServer:
         elif path in ("/healthz", "/livez"):
             self._check(request, self._live)
         elif path == "/readyz":
-            self._check(request, self._ready)
+            self._check(request, self._ready, self._notes)
         else:
             self._send(request, 404, b"not found\n", "text/plain")
 
-    def _check(self, request: BaseHTTPRequestHandler, check: Check) -> None:
+    def _check(self, request: BaseHTTPRequestHandler, check: Check,
+               notes: Check | None = None) -> None:
         try:
             problems = list(check())
+            extra = list(notes()) if notes is not None else []
         except Exception as exc:  # a failing probe must answer, not kill the thread
-            problems = [f"error: {exc}"]
+            problems, extra = [f"error: {exc}"], []
         body = "".join(f"{line}\n" for line in problems) if problems else "ok\n"
+        body += "".join(f"{line}\n" for line in extra)
         self._send(request, 503 if problems else 200, body.encode(), "text/plain")
 
     @staticmethod

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import structlog
 
-from gpudra.driver.checkpoint_codec import CheckpointCorrupt, CheckpointError
+from gpudra.driver import recovery_step
+from gpudra.driver.checkpoint_codec import CheckpointError
 from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.commands import CommandRunner, HostCommandRunner
 from gpudra.driver.device_model import ModelOptions
@@ -21,6 +21,7 @@ from gpudra.driver.driver_root import DriverRoot
 from gpudra.driver.faults import delay_point, fail_point
 from gpudra.driver.gpu_locks import GpuLockTimeout
 from gpudra.driver.gpu_shares import ShareableGpus, keeping
+from gpudra.driver.held import held_mig_uuids
 from gpudra.driver.inventory import (
     NodeInventory,
     read_inventory,
@@ -31,29 +32,21 @@ from gpudra.driver.inventory import (
 from gpudra.driver.mps import MpsManager
 from gpudra.driver.nvml import Nvml, NvmlError
 from gpudra.driver.prepare_plan import NodeIndex
+from gpudra.driver.recovery_step import AskApi
 from gpudra.driver.shares import shared_gpus
 from gpudra.kubeletplugin.node_config import NodeConfig
 
 log = structlog.get_logger("gpudra.node")
 
 
-def open_checkpoint(data_dir: Path) -> CheckpointStore:
-    """Load the checkpoint; a corrupt one is moved aside and the node starts empty."""
-    store = CheckpointStore(data_dir)
-    try:
-        store.load()
-    except CheckpointCorrupt as exc:
-        # Refusing to start would leave every GPU on the node unusable; an empty checkpoint
-        # plus start-up reconciliation is the safe recovery. Loud, and the file is kept.
-        moved = store.quarantine()
-        log.error("checkpoint is corrupt; moved aside and starting empty", error=str(exc),
-                  moved_to=str(moved))
-    return store
-
-
-def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
+def build_device_state(config: NodeConfig, nvml: Nvml, ask_api: AskApi | None = None,
+                       ) -> DeviceState:
     """Read the inventory, reconcile the checkpoint with the hardware, and index the
-    devices to publish (leaked MIG devices destroyed, our own kept dynamic)."""
+    devices to publish (leaked MIG devices destroyed, our own kept dynamic).
+
+    A checkpoint that cannot be read is rebuilt from what survives, asking the API server
+    through ``ask_api`` (:mod:`gpudra.driver.recovery_step`); what nobody explains is held.
+    """
     log.info("discovering devices", simulate=config.simulate)
     delay_point("start:discovery")
     fail_point("start:discovery")
@@ -69,8 +62,13 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
         if config.driver_root is None:
             populate_driver_root(paths.driver_root, _minors(inventory), layout="host",
                                  devices=False)
-    store = open_checkpoint(paths.data_dir)
-    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), mig=config.mig,
+    store = CheckpointStore(paths.data_dir)
+    held = recovery_step.open_checkpoint(store, facts=recovery_step.NodeFacts(
+        driver=config.driver_name, pool=config.node_name, node=config.node_name,
+        cdi_root=config.cdi_root, dynamic_mig=gates.enabled("DynamicMIG"),
+        mps_dir=paths.data_dir / "mps" if gates.enabled("MPSSupport") else None,
+    ), nvml=nvml, inventory=inventory, ask_api=ask_api)
+    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
                            shareable=_shareable(config, store, inventory))
     commands: CommandRunner
     if paths.sim_state is not None:
@@ -93,14 +91,16 @@ def build_device_state(config: NodeConfig, nvml: Nvml) -> DeviceState:
                                dev_root=paths.host_dev_root, dev_container_root=paths.dev_root,
                                hook_path=config.cdi_hook_path),
     )
+    state.held = held
     report = state.reconcile()
     log.info("reconciled node state", rolled_back=report.rolled_back_claims,
              destroyed_mig_devices=report.destroyed_mig_devices,
              removed_cdi_specs=report.removed_cdi_specs, reset=report.checkpoint_reset)
     # Re-read: reconciliation may have destroyed leaked MIG devices; our own stay dynamic.
     inventory = read_inventory(nvml, pcie_root=resolver)
-    state.model_options = ModelOptions(dynamic_mig=options.dynamic_mig, mig=options.mig,
-                                       owned_mig_uuids=state.owned_mig_uuids(),
+    state.model_options = ModelOptions(dynamic_mig=options.dynamic_mig,
+                                       owned_mig_uuids=state.owned_mig_uuids()
+                                       | held_mig_uuids(held),
                                        shareable=options.shareable)
     state.index = NodeIndex.build(config.node_name, inventory, state.model_options)
     state.inventory = inventory
