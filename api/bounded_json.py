@@ -20,6 +20,9 @@ MAX_DEPTH: Final = 100
 
 # A JSON string (escapes included): its brackets are text, not nesting.
 _STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]', re.DOTALL)
+PATH_SHOWN: Final = 12
+"""Steps of the path to a too-deep value an error names."""
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP: Final = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
@@ -50,5 +53,44 @@ def loads(body: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     if data.count(b"[") + data.count(b"{") > max_depth:
         found = depth(data)
         if found > max_depth:
-            raise JsonTooDeep(f"JSON nested {found} levels deep (at most {max_depth})")
+            raise JsonTooDeep(f"JSON nested {found} levels deep (at most {max_depth}) at "
+                              f"{path_to_depth(data, max_depth + 1)}")
     return json.loads(data)
+
+
+def path_to_depth(body: bytes, level: int) -> str:
+    """Where in ``body`` the nesting first reaches ``level``, as a field path
+    (``status.allocation.devices.config[0].opaque.parameters.x[0]...``): its first
+    :data:`PATH_SHOWN` steps. Only for a document being refused: one more pass."""
+    steps: list[str] = []  # per open container: its key or index so far, "" before any
+    kinds: list[bytes] = []
+    key = b""
+    for match in _TOKEN.finditer(body):
+        token = match.group()
+        if token in (b"{", b"["):
+            kinds.append(token)
+            steps.append("[0]" if token == b"[" else "")
+            if len(kinds) >= level:
+                break
+        elif token in (b"}", b"]"):
+            if kinds:
+                kinds.pop()
+                steps.pop()
+        elif token == b",":
+            if kinds and kinds[-1] == b"[":
+                steps[-1] = f"[{int(steps[-1][1:-1]) + 1}]"
+        elif token == b":":
+            if kinds and kinds[-1] == b"{":
+                steps[-1] = "." + _key(key)
+        else:
+            key = token
+    path = "".join(steps[:-1][:PATH_SHOWN]).lstrip(".")
+    return (path or "the top") + ("..." if len(steps) - 1 > PATH_SHOWN else "")
+
+
+def _key(token: bytes) -> str:
+    try:
+        text = json.loads(token)
+    except ValueError:
+        return "?"
+    return str(text)[:40]

@@ -135,8 +135,20 @@ def check_claim(namespace: object, name: object, uid: object) -> tuple[str, str,
     return check_namespace(namespace), check_name(name), check_uid(uid)
 
 
+# The same rules as one regular expression each, for the common case (every claim a sane
+# kubelet sends, on every call): the per-rule checks below build messages, and cost several
+# times more (bench/RESULTS.md, "Trust").
+_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_LABEL_63: Final = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+
+
 def claim_problems(namespace: object, name: object, uid: object) -> list[str]:
     """Every problem with a claim's namespace, name and uid (empty when all are valid)."""
+    if isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str) \
+            and len(name) <= DNS1123_SUBDOMAIN_MAX_LENGTH and _LABEL_63.fullmatch(namespace) \
+            and _SUBDOMAIN.fullmatch(name) and UUID_RE.fullmatch(uid):
+        return []
     problems = []
     for check, value in ((check_namespace, namespace), (check_name, name), (check_uid, uid)):
         try:

@@ -73,8 +73,12 @@ def restrict(path: Path, mode: int) -> None:
 
 def open_created(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
     """``os.open(path, flags | O_CREAT | O_CLOEXEC)`` whose file has exactly ``mode``,
-    also when it existed with a wider one; errors name the file (``open`` names it)."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, mode)
+    also when it existed with a wider one; errors name the file (``open`` names it).
+
+    ``O_NOFOLLOW``: a symlink planted in our place would have this root daemon write and
+    ``fchmod`` whatever it points to; it fails (``ELOOP``) instead.
+    """
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)
     except OSError as exc:

@@ -126,8 +126,11 @@ def _bad_claims(api: FakeApiServer) -> dict[str, tuple[bytes | dict[str, Any], s
                           "status"),
         "result-number": (variant("result-number", lambda o: o["status"]["allocation"][
             "devices"].update(results=[7])), "status.allocation.devices.results[0]"),
-        "deep-other": (deep_config("deep-other", "other.example.com"), "nested"),
-        "deep-mine": (deep_config("deep-mine", DRIVER), "nested"),
+        "deep-other": (deep_config("deep-other", "other.example.com"),
+                       "levels deep (at most 100) at "
+                       "status.allocation.devices.config[0].opaque.parameters.x[0]"),
+        "deep-mine": (deep_config("deep-mine", DRIVER),
+                      "at status.allocation.devices.config[0].opaque.parameters.x[0]"),
         "meta-list": (variant("meta-list", lambda o: o.update(metadata=[])), "metadata"),
         "many-results": (variant("many-results", lambda o: o["status"]["allocation"][
             "devices"].update(results=o["status"]["allocation"]["devices"]["results"] * 33)),

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpudra.api import bounded_json
 from gpudra.api.identifiers import (
     IdentifierError,
     check_claim,
     check_driver,
+    check_label,
     check_pool,
     check_request,
+    check_subdomain,
     check_uid,
+    claim_problems,
     safe_component,
     shown,
 )
@@ -72,8 +77,12 @@ def test_a_path_component_is_one_plain_name(name):
 
 def test_json_nested_deeper_than_the_bound_is_refused_before_decoding():
     deep = b"[" * 5000 + b"]" * 5000
-    with pytest.raises(bounded_json.JsonTooDeep, match="5000 levels"):
+    with pytest.raises(bounded_json.JsonTooDeep, match=r"5000 levels deep \(at most 100\) at "
+                       r"\[0\]\[0\]"):
         bounded_json.loads(deep)
+    nested = b'{"a": [1, {"b": {"c": ' + b"[" * 200 + b"]" * 200 + b"}}]}"
+    with pytest.raises(bounded_json.JsonTooDeep, match=r"at a\[1\]\.b\.c\[0\]"):
+        bounded_json.loads(nested)
     # A string full of brackets is text, not nesting.
     text = json.dumps({"a": "[" * 500, "b": "\\\"{{{"}).encode()
     assert bounded_json.depth(text) == 1
@@ -84,3 +93,22 @@ def test_json_nested_deeper_than_the_bound_is_refused_before_decoding():
     with pytest.raises(bounded_json.JsonTooDeep):
         bounded_json.loads(b"[" * 101 + b"]" * 101)
     assert isinstance(bounded_json.JsonTooDeep("x"), ValueError)
+
+
+NAMEISH = st.one_of(
+    st.from_regex(r"[a-z0-9][-a-z0-9.]{0,70}[a-z0-9]?", fullmatch=True),
+    st.text(alphabet="abc-.0/A_", max_size=300), st.just("a" * 63), st.just("a" * 64),
+    st.just(".".join(["a" * 63] * 4)), st.just(".".join(["a" * 63] * 4) + "a"))
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(namespace=NAMEISH, name=NAMEISH, uid=st.one_of(st.uuids().map(str), NAMEISH))
+def test_the_fast_path_agrees_with_the_rules(namespace, name, uid):
+    """claim_problems' one-regex path says "valid" exactly when each rule does."""
+    rules_pass = True
+    for check, value in ((check_label, namespace), (check_subdomain, name), (check_uid, uid)):
+        try:
+            check(value, "x")
+        except IdentifierError:
+            rules_pass = False
+    assert (claim_problems(namespace, name, uid) == []) == rules_pass
