@@ -111,12 +111,13 @@ def problems(error: ValidationError, limit: int = 3) -> str:
     for item in error.errors(include_url=False)[:limit]:
         kind = item["type"]
         words = _WORDS.get(kind)
-        if kind == "too_long":
+        if kind in ("too_long", "string_too_long"):
             words = (f"has more than {item['ctx'].get('max_length')} "
                      f"{'characters' if isinstance(item['input'], str) else 'entries'}")
         if words is None:
             words = str(item["msg"]).lower()
-        got = "" if kind in ("missing", "too_long") else f", got {_kind(item['input'])}"
+        got = "" if kind in ("missing", "too_long", "string_too_long") \
+            else f", got {_kind(item['input'])}"
         said.append(f"{where(tuple(item['loc'])) or 'the claim'} {words}{got}")
     more = error.error_count() - len(said)
     return "; ".join(said) + (f" (and {more} more)" if more > 0 else "")

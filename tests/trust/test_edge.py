@@ -139,18 +139,33 @@ def _bad_claims(api: FakeApiServer) -> dict[str, tuple[bytes | dict[str, Any], s
             "devices"]["results"][0].update(device="../../gpu-7")),
             "status.allocation.devices.results[0].device"),
         "not-json": (b"{\"metadata\": ", "invalid JSON"),
+        "admin-string": (variant("admin-string", lambda o: o["status"]["allocation"][
+            "devices"]["results"][0].update(adminAccess="true")),
+            "status.allocation.devices.results[0].adminAccess must be true or false"),
+        "share-path": (variant("share-path", lambda o: o["status"]["allocation"][
+            "devices"]["results"][0].update(shareID="../../x")),
+            "results[0].shareID '../../x' is not a lower-case UUID"),
+        "pod-path": (variant("pod-path", lambda o: o["status"].update(reservedFor=[
+            {"resource": "pods", "name": "../../etc", "uid": "x"}])),
+            "status.reservedFor[0].name '../../etc' is not a valid DNS subdomain"),
+        "huge-device": (variant("huge-device", lambda o: o["status"]["allocation"][
+            "devices"]["results"][0].update(device="g" * 1_000_000)),
+            "status.allocation.devices.results[0].device has more than 1024 characters"),
     }
 
 
 UIDS = {name: f"0b0e3a9c-1d2e-4f30-8a4b-{i:012x}" for i, name in enumerate([
     "results-string", "config-string", "status-string", "result-number", "deep-other",
-    "deep-mine", "meta-list", "many-results", "device-path", "not-json"])}
+    "deep-mine", "meta-list", "many-results", "device-path", "not-json", "admin-string",
+    "share-path", "pod-path", "huge-device"])}
 
 
 @pytest.mark.parametrize("calls", ["one call", "a call each"])
 async def test_each_malformed_claim_gets_its_own_error_and_the_good_one_prepares(
         kubelet: KubeletEmulator, node: Daemon, api: FakeApiServer, calls: str) -> None:
-    good = stored(api, claim_object(f"good-{calls.replace(' ', '-')}", devices=["gpu-6"]))
+    good_claim = claim_object(f"good-{calls.replace(' ', '-')}", devices=["gpu-6"])
+    good_claim["metadata"]["annotations"] = {"big": "y" * 2_000_000}  # huge, yet valid
+    good = stored(api, good_claim)
     bad = _bad_claims(api)
     for name, (body, _) in bad.items():
         api.serve_as_given("ResourceClaim", name, body)
@@ -164,15 +179,17 @@ async def test_each_malformed_claim_gets_its_own_error_and_the_good_one_prepares
                         for ref in [*refs, good]}
     finally:
         api.forget_as_given()
-    assert response[good.uid]["error"] == "", response[good.uid]
-    for ref in refs:
-        error = response[ref.uid]["error"]
-        assert error.startswith(f"claim default/{ref.name}:{ref.uid}: "), error
-        assert bad[ref.name][1] in error, (ref.name, error)
-        assert "RecursionError" not in error and "AttributeError" not in error
-    assert cdi_specs(node) == [f"k8s.{DRIVER}-claim_{good.uid}.json"]
-    assert hardware(node) == gpus
-    assert (await kubelet.unprepare([good]))[good.uid]["error"] == ""
+    try:
+        assert response[good.uid]["error"] == "", response[good.uid]
+        for ref in refs:
+            error = response[ref.uid]["error"]
+            assert error.startswith(f"claim default/{ref.name}:{ref.uid}: "), error
+            assert bad[ref.name][1] in error, (ref.name, error)
+            assert "RecursionError" not in error and "AttributeError" not in error
+        assert cdi_specs(node) == [f"k8s.{DRIVER}-claim_{good.uid}.json"]
+        assert hardware(node) == gpus
+    finally:  # whatever the assertions say: the next test needs gpu-6
+        assert (await kubelet.unprepare([good]))[good.uid]["error"] == ""
 
 
 async def test_a_duplicate_uid_with_an_empty_name_prepares_nothing(
