@@ -434,16 +434,45 @@ def _uid_from_devices(spec: Mapping[str, Any]) -> str:
 def remove_spec(cdi_root: Path, driver: str, claim_uid: str) -> bool:
     """Delete a claim's spec; ``False`` when there was none (unprepare is idempotent)."""
     name = spec_file_name(driver, claim_uid)
+    path = child(cdi_root, name, "CDI spec name")
     try:
-        os.unlink(child(cdi_root, name, "CDI spec name"))  # noqa: PTH108 - per unprepare: no Path
+        os.unlink(path)  # noqa: PTH108 - per unprepare: no Path
     except FileNotFoundError:
         return False
     except OSError as err:
+        # A read-only root answers EROFS before it looks the name up: when no spec is
+        # there (a prepare whose write failed, rolled back), there is nothing to remove,
+        # and the write's error is the one to report, not this one.
+        if not os.path.lexists(path):
+            return False
         raise CdiError(f"cannot remove CDI spec {cdi_root / name}: {err.strerror or err}") \
             from err
     # No directory fsync: a removal lost in a crash leaves a stray spec, which
     # list_claim_specs finds at startup.
     return True
+
+
+def check_root(cdi_root: Path) -> None:
+    """At start-up: a CDI root that exists but is no directory can never hold a spec, so
+    every prepare would fail; refuse to start, naming it (one line, no traceback)."""
+    if os.path.lexists(cdi_root) and not cdi_root.is_dir():
+        raise CdiError(f"--cdi-root {cdi_root} is not a directory: point --cdi-root (env "
+                       "CDI_ROOT) at the directory the container runtime reads CDI specs from")
+
+
+def remove_stale_spec(path: Path) -> str | None:
+    """Remove a spec no prepared claim owns (start-up); what went wrong, else ``None``.
+
+    A spec that cannot be removed (a read-only CDI root) is a warning for the caller, not
+    a failed start-up: it names devices of no prepared claim, which no new container is
+    given, and the daemon says so until someone removes it.
+    """
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:
+        return (f"cannot remove CDI spec {path}, which no prepared claim owns: "
+                f"{err.strerror or err}; remove it by hand")
+    return None
 
 
 def list_claim_specs(cdi_root: Path, driver: str) -> dict[str, Path]:

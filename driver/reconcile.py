@@ -48,6 +48,7 @@ def reconcile(
     (hardware and CDI spec). ``held``: (GPU, GPU instance id) of MIG devices held for claims
     the node cannot name (:mod:`gpudra.driver.held`), never destroyed.
     """
+    cdi.check_root(cdi_root)  # before anything changes: an unusable root stops start-up
     report = ReconcileReport()
     result = store.load_result()
     report.checkpoint_reset = result.reset_reason
@@ -69,8 +70,11 @@ def reconcile(
         report.destroyed_mig_devices.extend(clean_up_gpu(hardware, cp, parent, held))
     for uid, path in cdi.list_claim_specs(cdi_root, driver).items():
         if uid not in cp.completed():
-            path.unlink(missing_ok=True)
-            report.removed_cdi_specs.append(path.name)
+            problem = cdi.remove_stale_spec(path)
+            if problem is None:
+                report.removed_cdi_specs.append(path.name)
+            else:  # a read-only CDI root: said, not a crash loop
+                log.warning(problem, spec=str(path))
     return report
 
 

@@ -6,8 +6,10 @@ version and the effective feature gates. ``gpudra node`` as a real process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -225,3 +227,48 @@ def test_a_checkpoint_version_of_400_digits_is_named_not_printed_whole(node):
     assert str(checkpoint) in error, output
     assert "9" * 40 not in output  # bounded: no line carries the number whole
     assert "400-digit" in error, output
+
+
+def _data_dir_is_a_file(daemon: Daemon) -> Path:
+    daemon.plugins.mkdir(parents=True)
+    path = daemon.plugins / "gpu.nvidia.com"
+    path.write_text("not a directory")
+    return path
+
+
+def _cdi_root_is_a_file(daemon: Daemon) -> Path:
+    daemon.cdi_root.write_text("not a directory")
+    return daemon.cdi_root
+
+
+def _checkpoint_is_a_directory(daemon: Daemon) -> Path:
+    path = daemon.plugins / "gpu.nvidia.com" / "checkpoint.json"
+    path.mkdir(parents=True)
+    return path
+
+
+def _lock_dir_is_a_file(daemon: Daemon) -> Path:
+    data = daemon.plugins / "gpu.nvidia.com"
+    data.mkdir(parents=True)
+    (data / "gpu-locks").write_text("not a directory")
+    return data / "gpu-locks"
+
+
+@pytest.mark.parametrize("make", [_data_dir_is_a_file, _cdi_root_is_a_file,
+                                  _checkpoint_is_a_directory, _lock_dir_is_a_file],
+                         ids=["data-dir-file", "cdi-root-file", "checkpoint-dir", "lock-dir-file"])
+def test_a_path_of_the_wrong_kind_is_one_line_naming_it(node, make):
+    daemon = node()
+    path = make(daemon)
+    daemon.start(wait=False)
+    assert daemon.process is not None
+    with contextlib.suppress(subprocess.TimeoutExpired):  # or it starts and says so
+        daemon.process.wait(15)
+    output = daemon.output()
+    assert "Traceback" not in output, output
+    if daemon.process.poll() is None:
+        assert str(path) in output, output  # started: the problem is said, naming the file
+        return
+    [error] = daemon.fatal_errors()
+    assert str(path) in error, output
+    assert output.count(FATAL_EVENT) == 1
