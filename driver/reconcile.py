@@ -105,7 +105,7 @@ def clean_up_gpu(hardware: ClaimHardware, cp: Checkpoint, parent: str,
     # kill between the two creates). The MIG-device listing cannot see it; left there, it
     # keeps MIG mode on and its placement taken for good.
     for gi in hardware.safe_gpu_instances(parent):
-        if gi.gpu_instance_id in keep:
+        if gi.gpu_instance_id in keep or (parent, gi.gpu_instance_id) in held:
             continue
         if hardware.nvml.destroy_gpu_instance(parent, gi.gpu_instance_id):
             log.info("destroyed a GPU instance without a MIG device", gpu=parent,

@@ -24,7 +24,8 @@ spec:
         deviceClassName: gpu.nvidia.com
         selectors:
         - cel:
-            expression: device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("%s"))
+            expression: >-
+              device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("%s"))
 """
 
 
