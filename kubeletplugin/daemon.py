@@ -21,7 +21,7 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -357,18 +357,21 @@ def _survivor_lists(config: NodeConfig, api: Any, loop: asyncio.AbstractEventLoo
 
     raw = RawApi(api)
 
-    async def items(resource: Any, selector: str) -> list[Any] | None:
+    async def items(what: str, answer: Awaitable[Any]) -> list[Any] | None:
         try:
-            found = (await raw.list(resource, field_selector=selector)).get("items")
+            found = (await answer).get("items")
         except ApiCallError as exc:
-            log.warning("cannot list for checkpoint recovery", resource=resource.plural,
-                        error=str(exc))
+            log.warning("cannot list for checkpoint recovery", resource=what, error=str(exc))
             return None
         return found if isinstance(found, list) else None
 
     async def both() -> tuple[list[Any] | None, list[Any] | None]:
-        return (await items(RESOURCE_CLAIMS, ""), await items(
-            RESOURCE_SLICES, f"spec.driver={config.driver_name},spec.nodeName={config.node_name}"))
+        # Every namespace's claims: the API server has no selector for "allocated here".
+        claims = await items("resourceclaims", raw.list(RESOURCE_CLAIMS))
+        slices = await items("resourceslices", raw.list(
+            RESOURCE_SLICES,
+            field_selector=f"spec.driver={config.driver_name},spec.nodeName={config.node_name}"))
+        return claims, slices
 
     def ask() -> tuple[list[Any] | None, list[Any] | None]:
         future = asyncio.run_coroutine_threadsafe(both(), loop)

@@ -561,7 +561,8 @@ def test_device_plugin_guard():
 
 def _rules(driver: str) -> list[dict[str, Any]]:
     return [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+         "verbs": ["get", "list"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
          "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
