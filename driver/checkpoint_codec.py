@@ -4,12 +4,6 @@ One JSON document::
 
     {"kind": "GpudraCheckpoint", "version": 2, "checksum": "sha256:<hex>", "data": {...}}
 
-Version 3 is the same document with ``data.journalGeneration`` naming the journal
-(:mod:`gpudra.driver.checkpoint_journal`) whose records complete it. It has its own version
-so that an older build, which would read the snapshot and miss the journal's claims, refuses
-it (``CheckpointVersionUnsupported``) instead; the generation sits inside ``data`` so the
-checksum covers it (a flipped digit must not silently detach the journal).
-
 Rules that keep upgrades and downgrades safe (NVIDIA's driver crash-looped on upgrade
 because it checksummed a re-marshalled typed model, issue #1080):
 
@@ -18,8 +12,11 @@ because it checksummed a re-marshalled typed model, issue #1080):
 - unknown fields are kept in each record and written back (the models allow extras), so a
   downgrade → upgrade round trip loses nothing;
 - ``version`` changes only for an incompatible layout; adding a field never bumps it.
-  Version 1 (the pre-two-phase layout) is migrated on load; versions 2 and 3 are both
-  current (``save`` writes 3 while a journal is in use, ``compact`` writes 2).
+
+Versions read: 1 (the pre-two-phase layout, migrated on load), 2 (what this build writes),
+and 3, the previous build's snapshot whose ``data.journalGeneration`` names the journal
+records that complete it (:mod:`gpudra.driver.checkpoint_upgrade` reads them). Anything
+newer is refused (``CheckpointVersionUnsupported``), never treated as corrupt.
 """
 
 from __future__ import annotations
@@ -37,9 +34,9 @@ from gpudra.driver.shown import shown
 
 KIND = "GpudraCheckpoint"
 VERSION = 2
-"""The plain snapshot: everything is in this one file."""
+"""The plain snapshot, everything in one file: what this build writes."""
 JOURNAL_VERSION = 3
-"""A snapshot completed by the records of its journal generation."""
+"""The previous build's snapshot, completed by the records of its journal generation."""
 NEWEST = JOURNAL_VERSION
 JOURNAL_KEY = "journalGeneration"
 
@@ -86,37 +83,39 @@ class Snapshot(NamedTuple):
     checkpoint: Checkpoint
     version: int
     generation: str | None
-    """The journal generation that completes it (version 3), else ``None``."""
+    """The journal generation that completes it (the previous build's version 3), else
+    ``None``."""
 
 
-def encode(cp: Checkpoint, *, generation: str | None = None) -> bytes:
-    """Version 2, or with ``generation`` version 3 (a journal of that generation completes it)."""
+def encode(cp: Checkpoint) -> bytes:
+    """The checkpoint as a version 2 file."""
+    return _encoded(cp)[0]
+
+
+def encode_as_read(cp: Checkpoint, *, path: Path) -> tuple[bytes, Checkpoint]:
+    """The version 2 file, and the checkpoint a reader decodes from it (values as JSON has
+    them: lists where ``cp`` may hold tuples), without parsing the file again."""
+    content, data = _encoded(cp)
+    return content, _validate(path, data, "data")
+
+
+def _encoded(cp: Checkpoint) -> tuple[bytes, dict[str, Any]]:
     # Checksum what a reader will parse, not an in-memory dict: integer keys become
     # strings on disk and would then sort differently.
     data = json.loads(cp.model_dump_json())
-    version = VERSION
-    if generation is not None:
-        if JOURNAL_KEY in data:
-            raise ValueError(f"{JOURNAL_KEY!r} is reserved, not a checkpoint field")
-        data[JOURNAL_KEY] = generation
-        version = JOURNAL_VERSION
-    doc = {"kind": KIND, "version": version, "checksum": checksum(data), "data": data}
+    if JOURNAL_KEY in data:  # would make the previous build look for a journal
+        raise ValueError(f"{JOURNAL_KEY!r} is reserved, not a checkpoint field")
+    doc = {"kind": KIND, "version": VERSION, "checksum": checksum(data), "data": data}
     # Compact: json's C encoder does not do indentation, and saves sit on the prepare path.
-    return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
-
-
-def decode(content: bytes, *, path: Path, boot_id: str) -> tuple[Checkpoint, int]:
-    """Parse and verify a checkpoint file; returns it with the version it was written in.
-
-    ``boot_id`` is only used to fill in version 1 files, which did not record one. A
-    version 3 file is returned without its journal: see :func:`decode_snapshot`.
-    """
-    snapshot = decode_snapshot(content, path=path, boot_id=boot_id)
-    return snapshot.checkpoint, snapshot.version
+    return (json.dumps(doc, separators=(",", ":")) + "\n").encode(), data
 
 
 def decode_snapshot(content: bytes, *, path: Path, boot_id: str) -> Snapshot:
-    """:func:`decode`, with the journal generation of a version 3 file."""
+    """Parse and verify a checkpoint file: the checkpoint, its version and, for the
+    previous build's version 3, the journal generation that completes it (not read here).
+
+    ``boot_id`` is only used to fill in version 1 files, which did not record one.
+    """
     try:
         doc = json.loads(content)
     except (ValueError, RecursionError) as err:  # bad UTF-8 or JSON, a 5000-digit number,
@@ -137,13 +136,9 @@ def decode_snapshot(content: bytes, *, path: Path, boot_id: str) -> Snapshot:
     raise CheckpointCorrupt(path, f"unknown version {shown(version)}")
 
 
-def encode_claim(record: ClaimRecord) -> str:
-    """A claim record as the snapshot holds it under ``data.claims.<uid>``."""
-    return record.model_dump_json()
-
-
 def decode_claim(path: Path, uid: str, raw: object, where: str) -> ClaimRecord:
-    """A claim record in its on-disk form (as :func:`encode_claim` wrote it), checked."""
+    """A claim record in its on-disk form (as the snapshot holds it under
+    ``data.claims.<uid>``), checked."""
     if not isinstance(raw, dict):
         raise CheckpointCorrupt(path, f"{where}: expected an object, got {type(raw).__name__}")
     try:

@@ -59,8 +59,7 @@ USAGE_STOP_WAIT = 2.0
 STARTING_POLL = 0.2
 """Seconds between a waiting call's looks at whether the kubelet still waits for it."""
 DEVICE_WORK_STOP_WAIT = 5.0
-"""At stop, how long kubelet calls still working (a MIG create, an MPS start) may finish;
-then the checkpoint's journal is folded into the snapshot an older build reads too."""
+"""At stop, how long kubelet calls still working (a MIG create, an MPS start) may finish."""
 
 
 class DaemonError(Exception):
@@ -150,16 +149,6 @@ class _Runtime:
                             + (f" (last error: {error})" if error else ""))
         return problems + self.supervisor.problems()
 
-    async def _fold_checkpoint(self) -> None:
-        """Every call's work ended (the server waited for it: a thread cut off mid-MIG-create
-        is safe, reconcile converges, but needless): fold the checkpoint's journal into a
-        snapshot, so a rollback to an older build reads it."""
-        compact = await _in_daemon_thread_within(DEVICE_WORK_STOP_WAIT, self.state.store.compact)
-        error = None if compact is None else compact.exception()
-        if compact is None or error is not None:
-            log.warning("checkpoint journal not folded at stop; the next start reads it",
-                        error=str(error) if error else "timed out")
-
     def held_notes(self) -> list[str]:
         """``/readyz`` lines after its verdict: held hardware does not make the node unready
         (it serves its other devices), but whoever looks must see it."""
@@ -173,9 +162,6 @@ class _Runtime:
         if self.server is not None:
             # Sockets go first (the kubelet sees us leave), then calls' work may end.
             await self.server.stop(grace, work_wait=DEVICE_WORK_STOP_WAIT)
-            if self.state is not None and self.server.calls_finished:
-                await self._fold_checkpoint()
-            # else a call thread still works and may hold the checkpoint lock: leave it
         await self.supervisor.stop()
         if self.probes is not None:
             self.probes.stop()

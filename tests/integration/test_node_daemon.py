@@ -11,8 +11,8 @@ import pytest
 
 from gpudra.api.claims import ClaimRef
 from gpudra.cli.node_cmd import FATAL_EVENT
-from gpudra.driver.checkpoint_journal import JOURNAL_NAME
 from gpudra.driver.checkpoint_store import FILE_NAME
+from gpudra.driver.checkpoint_upgrade import JOURNAL_NAME
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import DRIVER, Daemon, claim_object, node_daemon
@@ -244,20 +244,19 @@ async def test_feature_gates_reach_the_device_state(fake_api):
         shutil.rmtree(daemon.base, ignore_errors=True)
 
 
-async def test_a_clean_stop_folds_the_checkpoint_journal_for_an_older_build(
+async def test_every_commit_leaves_a_snapshot_the_previous_build_reads(
         kubelet, daemon, fake_api):
-    """Calls commit to the journal, which an older build would not read; SIGTERM leaves a
-    version 2 snapshot holding every claim, and an empty journal."""
+    """Calls commit by replacing the whole snapshot (version 2, no journal): a rollback to
+    the previous build reads it, whether this daemon stopped cleanly or not."""
     kept = create_claim(fake_api, "kept", devices=["gpu-0"])
     gone = create_claim(fake_api, "gone", devices=["gpu-1"])
     assert (await kubelet.prepare([kept]))[kept.uid]["error"] == ""
     assert (await kubelet.prepare([gone]))[gone.uid]["error"] == ""
     assert (await kubelet.unprepare([gone]))[gone.uid]["error"] == ""
     directory = daemon.plugins / DRIVER
-    assert (directory / JOURNAL_NAME).stat().st_size > 0
-    assert daemon.stop() == 0
     snapshot = json.loads((directory / FILE_NAME).read_text())
     assert snapshot["version"] == 2
     assert list(snapshot["data"]["claims"]) == [kept.uid]
-    journal = directory / JOURNAL_NAME
-    assert not journal.exists() or journal.stat().st_size == 0
+    assert not (directory / JOURNAL_NAME).exists()
+    assert daemon.stop() == 0
+    assert json.loads((directory / FILE_NAME).read_text()) == snapshot
