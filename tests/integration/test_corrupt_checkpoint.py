@@ -12,6 +12,7 @@ destroyed; then unprepare puts the hardware back to where it started.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -24,11 +25,13 @@ import pytest
 
 from gpudra.api.claims import ClaimRef
 from gpudra.cli.node_cmd import FATAL_EVENT
+from gpudra.driver import mps_process
 from gpudra.driver.checkpoint_codec import checksum
 from gpudra.driver.checkpoint_store import FILE_NAME
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
+from tests.driver.test_mps import sim_daemons
 from tests.integration.daemon import DRIVER, Daemon, claim_object, free_port, http_get
 
 GV = "resource.nvidia.com/v1beta1"
@@ -293,3 +296,62 @@ async def test_a_checkpoint_nested_100k_deep_is_one_line_and_rebuilt(daemon, fak
     assert await unprepare(daemon, full, mig) == {full.uid: {"error": ""}, mig.uid: {"error": ""}}
     assert hardware(daemon) == baseline
     assert daemon.stop() == 0
+
+
+SHARES = {"share-a": ("5a5a5a5a-0000-4000-8000-00000000000a", "20Gi", "33"),
+          "share-b": ("5b5b5b5b-0000-4000-8000-00000000000b", "40Gi", "66")}
+
+
+def share_claim(api: FakeApiServer, name: str) -> ClaimRef:
+    share_id, memory, multiprocessors = SHARES[name]
+    ref = create_claim(api, name, devices=["gpu-2-shared"])
+    obj = api.get("ResourceClaim", name, "default")
+    assert obj is not None
+    obj["status"]["allocation"]["devices"]["results"][0].update(
+        shareID=share_id, consumedCapacity={
+            "memory": memory, "multiprocessors": multiprocessors, "shares": "1"})
+    api.put(obj)
+    return ref
+
+
+@pytest.mark.parametrize("corrupt", ["empty", "bad-checksum"])
+async def test_shares_of_a_gpu_are_rebuilt_and_their_mps_daemon_kept(fake_api, corrupt):
+    """Two MPS shares of one GPU: after the restart on a corrupt checkpoint their daemon is
+    the same process, the GPU stays in exclusive mode; the last share's unprepare stops the
+    daemon and puts the GPU back."""
+    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+    daemon = Daemon(fake_api.url, extra_args=["--shareable-gpus", "all"])
+    try:
+        daemon.start()
+        wait_for(lambda: published(fake_api, "gpu-2-shared"))
+        baseline = hardware(daemon)
+        a, b = share_claim(fake_api, "share-a"), share_claim(fake_api, "share-b")
+        answers = await prepare(daemon, a, b)
+        assert answers[a.uid]["error"] == "" and answers[b.uid]["error"] == "", answers
+        [directory] = (daemon.plugins / DRIVER / "mps").iterdir()
+        pid = mps_process.read_pid(directory / "control.pid")
+        assert pid is not None and mps_process.alive(pid)
+        held = hardware(daemon)
+        daemon.stop(signal.SIGKILL)
+        path = checkpoint(daemon)
+        path.write_bytes(CORRUPTIONS[corrupt](path.read_bytes()))
+
+        daemon.start()
+        [line] = [e for e in daemon.events()[-400:]
+                  if e.get("event", "").startswith("checkpoint unreadable")]
+        assert (line["rebuilt_claims"], line["held_unknown"]) == (2, 0), line
+        assert mps_process.alive(pid) and hardware(daemon) == held
+        assert await prepare(daemon, a, b) == answers
+
+        assert (await unprepare(daemon, b))[b.uid]["error"] == ""
+        assert mps_process.alive(pid) and hardware(daemon) == held  # share-a still uses it
+        assert (await unprepare(daemon, a))[a.uid]["error"] == ""
+        assert not mps_process.alive(pid)
+        assert hardware(daemon) == baseline and specs(daemon) == []
+        assert daemon.stop() == 0
+    finally:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop()
+        for pid in sim_daemons(daemon.plugins):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(daemon.base, ignore_errors=True)
