@@ -49,8 +49,10 @@ def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
         try:
             directory.mkdir(mode=mode)
         except FileExistsError:
-            if not directory.is_dir():
-                raise
+            if not directory.is_dir():  # a file (or a dangling symlink) is in the way
+                raise NotADirectoryError(
+                    errno.ENOTDIR, "is in the way of a directory the daemon needs: move it "
+                    "aside and restart", os.fspath(directory)) from None
             continue
         except OSError as exc:
             raise named(exc, directory) from None

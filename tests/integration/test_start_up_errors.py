@@ -254,10 +254,11 @@ def _lock_dir_is_a_file(daemon: Daemon) -> Path:
     return data / "gpu-locks"
 
 
-@pytest.mark.parametrize("make", [_data_dir_is_a_file, _cdi_root_is_a_file,
-                                  _checkpoint_is_a_directory, _lock_dir_is_a_file],
-                         ids=["data-dir-file", "cdi-root-file", "checkpoint-dir", "lock-dir-file"])
-def test_a_path_of_the_wrong_kind_is_one_line_naming_it(node, make):
+@pytest.mark.parametrize(("make", "hint"), [
+    (_data_dir_is_a_file, ""), (_cdi_root_is_a_file, "point --cdi-root (env CDI_ROOT) at"),
+    (_checkpoint_is_a_directory, "move it aside"), (_lock_dir_is_a_file, "move it aside"),
+], ids=["data-dir-file", "cdi-root-file", "checkpoint-dir", "lock-dir-file"])
+def test_a_path_of_the_wrong_kind_is_one_line_naming_it(node, make, hint):
     daemon = node()
     path = make(daemon)
     daemon.start(wait=False)
@@ -270,5 +271,5 @@ def test_a_path_of_the_wrong_kind_is_one_line_naming_it(node, make):
         assert str(path) in output, output  # started: the problem is said, naming the file
         return
     [error] = daemon.fatal_errors()
-    assert str(path) in error, output
+    assert str(path) in error and hint in error, output  # the file, and what to do
     assert output.count(FATAL_EVENT) == 1
