@@ -398,3 +398,40 @@ def test_switches(values, names):
         == names
     assert {o["spec"]["policyName"] for o in objs
             if o["kind"] == "ValidatingAdmissionPolicyBinding"} == names
+
+
+# --- the slice policy, through our own evaluator (issue 27 item 8) --------------------------
+
+SLICE_USER = f"system:serviceaccount:{chart.NAMESPACE}:gpudra"
+
+
+def _slice(node: str, pool: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-slice"},
+            "spec": {"nodeName": node, "driver": driver,
+                     "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}}}
+
+
+@pytest.mark.parametrize(("operation", "obj", "old", "allowed"), [
+    ("CREATE", _slice("n1", "n1"), None, True),
+    ("UPDATE", _slice("n1", "n1"), _slice("n1", "n1"), True),
+    ("DELETE", None, _slice("n1", "n1"), True),
+    ("CREATE", _slice("n1", "n2"), None, False),
+    ("UPDATE", _slice("n1", "n1"), _slice("n1", "n2"), False),
+    ("DELETE", None, _slice("n1", "n2"), False),
+    ("CREATE", _slice("n1", "n1", "other.example.com"), None, False),
+    ("UPDATE", _slice("n1", "n1"), _slice("n1", "n1", "other.example.com"), False),
+    ("CREATE", _slice("n2", "n2"), None, False),
+])
+def test_the_slice_policy_confines_node_pool_and_driver(operation, obj, old, allowed):
+    # The chart's rendered policy, evaluated as the apiserver would (lazy variables,
+    # failurePolicy Fail: an expression error would deny): the same verdicts as celpy's.
+    [policy] = [o for o in chart.objects() if o["kind"] == "ValidatingAdmissionPolicy"
+                and o["metadata"]["name"].endswith("-resourceslices")]
+    outcome = evaluate(policy, Request(
+        obj=obj, old=old, operation=operation, username=SLICE_USER,
+        extra={"authentication.kubernetes.io/node-name": ["n1"]}, resource="resourceslices"))
+    assert outcome.matched and outcome.errors == ()
+    assert outcome.allowed is allowed, outcome.failures
+    if not allowed:
+        assert outcome.failures[0].startswith("the daemon on node n1 ")
