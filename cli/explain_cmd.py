@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -130,49 +129,31 @@ def simulated_cluster(args: argparse.Namespace) -> Cluster:
     return Cluster(slices, deploy_classes(args.driver_name), nodes)
 
 
-def _list(call: Any, **kwargs: Any) -> list[dict[str, Any]]:
-    """All items of a list call, raw JSON (the typed models drop fields they do not know)."""
-    items: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        extra = {"_continue": token} if token else {}
-        response = call(_preload_content=False, limit=500, **extra, **kwargs)
-        body = json.loads(response.data)
-        items.extend(body.get("items") or [])
-        token = (body.get("metadata") or {}).get("continue")
-        if not token:
-            return items
-
-
 def cluster_from_kubeconfig(access: ClusterAccess) -> Cluster:
-    # Imported here: loading the client costs ~0.3 s that --simulate does not need.
-    import urllib3
-    from kubernetes import client
+    from gpudra.kube.raw_api import DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES
 
-    from gpudra.kube.kubeconfig import KubeconfigError, api_client
-
-    try:
-        api = api_client(access)
-    except KubeconfigError as exc:
-        raise UsageError(str(exc)) from exc
-    try:
-        resource = client.ResourceV1Api(api)
-        slices = _list(resource.list_resource_slice)
-        classes = _list(resource.list_device_class)
-        claims = _list(resource.list_resource_claim_for_all_namespaces)
-        node_objects = _list(client.CoreV1Api(api).list_node)
-    except client.ApiException as exc:
-        raise CliError(f"reading the cluster failed: {exc.status} {exc.reason}") from exc
-    except (OSError, urllib3.exceptions.HTTPError) as exc:
-        raise CliError(f"cannot reach the cluster: {exc}") from exc
-    finally:
-        api.close()
+    slices, classes, claims, node_objects = read_cluster(
+        access, [RESOURCE_SLICES, DEVICE_CLASSES, RESOURCE_CLAIMS, NODES])
     labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
               for n in node_objects}
     nodes = sorted(labels) or sorted({str(s["spec"]["nodeName"]) for s in slices
                                       if (s.get("spec") or {}).get("nodeName")})
     allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
     return Cluster(slices, classes, nodes, allocated, labels)
+
+
+def read_cluster(access: ClusterAccess, resources: list[Any]) -> list[list[dict[str, Any]]]:
+    """Whole lists through the daemon's own loader and transport; a failure is a
+    :class:`CliError` (exit status 1)."""
+    from gpudra.kube.errors import ApiCallError, Unreachable
+    from gpudra.kube.reads import read_lists
+
+    try:
+        return read_lists(access, resources)
+    except Unreachable as exc:
+        raise CliError(f"cannot reach the cluster ({access.source}): {exc.message}") from exc
+    except ApiCallError as exc:
+        raise CliError(f"reading the cluster failed: {exc}") from exc
 
 
 def _with_overrides(base: list[dict[str, Any]],

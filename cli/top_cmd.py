@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import time
 import urllib.error
@@ -23,7 +22,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpudra.cli.options import CliError, env
+from gpudra.cli.options import env
 from gpudra.cli.output import (
     EXIT_FOUND,
     EXIT_OK,
@@ -222,35 +221,16 @@ def join(cluster: list[DeviceRow], metrics: list[DeviceRow]) -> list[DeviceRow]:
 
 
 def _cluster_claims(args: argparse.Namespace) -> list[dict[str, Any]]:
-    # Imported here: the client costs ~0.3 s that the per-node view does not need.
-    import urllib3
-    from kubernetes import client
-
-    from gpudra.kube.kubeconfig import KubeconfigError, api_client, resolve
+    # Imported here: the per-node view reads no cluster.
+    from gpudra.cli.explain_cmd import read_cluster
+    from gpudra.kube.kubeconfig import KubeconfigError, resolve
+    from gpudra.kube.raw_api import RESOURCE_CLAIMS
 
     try:
-        api = api_client(resolve(args.kubeconfig, context=args.context))
+        access = resolve(args.kubeconfig, context=args.context)
     except KubeconfigError as exc:
         raise UsageError(str(exc)) from exc
-    try:
-        claims: list[dict[str, Any]] = []
-        token: str | None = None
-        # Raw JSON (_preload_content=False): the typed models drop fields they do not know.
-        list_claims: Any = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
-        while True:
-            response = list_claims(_preload_content=False, limit=500,
-                                   **({"_continue": token} if token else {}))
-            body = json.loads(response.data)
-            claims.extend(body.get("items") or [])
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return claims
-    except client.ApiException as exc:
-        raise CliError(f"reading the cluster failed: {exc.status} {exc.reason}") from exc
-    except (OSError, urllib3.exceptions.HTTPError) as exc:
-        raise CliError(f"cannot reach the cluster: {exc}") from exc
-    finally:
-        api.close()
+    return read_cluster(access, [RESOURCE_CLAIMS])[0]
 
 
 def sort_rows(rows: list[DeviceRow], key: str) -> list[DeviceRow]:

@@ -27,9 +27,11 @@ the server did see the request, or could not be reached; the caller's back-off d
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from gpudra.kube.http_framing import (
     IDEMPOTENT,
@@ -95,8 +97,12 @@ class HttpClient:
     """Requests to the server at ``base_url`` (its path is a prefix of every request's)."""
 
     def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None,
-                 server_hostname: str | None = None, max_body: int = MAX_BODY) -> None:
+                 server_hostname: str | None = None, max_body: int = MAX_BODY,
+                 proxy: str | None = None) -> None:
+        self._proxy = _Proxy(proxy) if proxy else None
         self._server = Server(base_url)
+        if self._proxy is not None and not self._server.tls:
+            self._server = Server(base_url, absolute=True)
         self.max_body = max_body
         """Most bytes of one body, as sent and as unpacked, and of one line of a stream."""
         if self._server.tls and ssl_context is None:
@@ -164,14 +170,41 @@ class HttpClient:
                 return conn, True
             self._discard(conn)
         async with asyncio.timeout(connect_timeout):
-            reader, writer = await asyncio.open_connection(
-                *self._server.address, ssl=self._ssl, server_hostname=self._server_hostname)
+            reader, writer = await self._connect()
         conn = _Conn(reader, writer)
         if self._closed:  # closed while connecting: nobody else will close it
             writer.transport.abort()
             raise HttpError("the client is closed")
         self._busy.add(conn)
         return conn, False
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new connection to the server: directly, or through the proxy (a ``CONNECT``
+        tunnel for https, then TLS with the server inside it)."""
+        if self._proxy is None:
+            return await asyncio.open_connection(
+                *self._server.address, ssl=self._ssl, server_hostname=self._server_hostname)
+        reader, writer = await asyncio.open_connection(*self._proxy.address)
+        if self._ssl is None:
+            return reader, writer
+        try:
+            host, port = self._server.address
+            authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
+                         f"{self._proxy.authorization}\r\n".encode("latin-1"))
+            line = await _line(reader, None)
+            head = _Head()
+            head.count(line, field=False)
+            _, status, reason = status_line(line)
+            await _headers(reader, None, head)
+            if status != 200:
+                raise HttpError(f"the proxy {self._proxy.address[0]}:{self._proxy.address[1]} "
+                                f"refused CONNECT {authority}: {status} {reason}")
+            await writer.start_tls(self._ssl, server_hostname=self._server_hostname or host)
+        except BaseException:
+            writer.transport.abort()
+            raise
+        return reader, writer
 
     def _release(self, conn: _Conn) -> None:
         """Back to the pool after a complete answer that keeps the connection open."""
@@ -204,6 +237,25 @@ class HttpClient:
         if self._idle:
             delay = self._idle[0].idle_since + IDLE_TIMEOUT - time.monotonic()
             self._sweeper = asyncio.get_running_loop().call_later(max(delay, 0.1), self._sweep)
+
+
+class _Proxy:
+    """An ``http://`` proxy: where it listens and the ``Proxy-Authorization`` its URL's
+    user and password make."""
+
+    __slots__ = ("address", "authorization")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise HttpError(f"proxy {url!r} is not an http:// URL (https and socks proxies "
+                            "are not supported)")
+        self.address = (parts.hostname, parts.port or 80)
+        self.authorization = ""
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            self.authorization = ("Proxy-Authorization: Basic "
+                                  f"{base64.b64encode(pair.encode()).decode()}\r\n")
 
 
 class _NoAnswer(Exception):

@@ -51,15 +51,17 @@ class Server:
     """Where requests go (``base_url``'s path is a prefix of every request's) and the
     head each one starts with."""
 
-    __slots__ = ("_common", "address", "prefix", "tls")
+    __slots__ = ("_common", "_origin", "address", "prefix", "tls")
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, absolute: bool = False) -> None:
+        """``absolute``: request targets are whole URLs (to an HTTP proxy)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise HttpError(f"server {base_url!r} is not an http or https URL")
         self.tls = parts.scheme == "https"
         self.address = (parts.hostname, parts.port or (443 if self.tls else 80))
         self.prefix = parts.path.rstrip("/")
+        self._origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if absolute else ""
         # What every request's head says after its request line.
         self._common = (f"\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nUser-Agent: gpudra"
                         "\r\nAccept-Encoding: gzip")
@@ -67,7 +69,7 @@ class Server:
     def head(self, method: str, path: str, query: Sequence[tuple[str, str]],
              headers: Mapping[str, str] | None, body: bytes | None) -> bytes:
         """The request line and header fields, ending with the blank line."""
-        target = self.prefix + path + (f"?{urlencode(query)}" if query else "")
+        target = self._origin + self.prefix + path + (f"?{urlencode(query)}" if query else "")
         lines = [f"{method} {target} HTTP/1.1{self._common}"]
         for name, value in (headers or {}).items():
             if "\n" in value or "\r" in value:  # a token read from a file, say

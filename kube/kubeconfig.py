@@ -1,57 +1,46 @@
-"""Which cluster to talk to, found the way kubectl finds it.
+"""Which cluster to talk to and as whom, found the way kubectl finds it; one loader for
+``gpudra node``, ``gpudra explain`` and ``gpudra top``.
 
 Order: ``--kubeconfig FILE``; else every file of ``KUBECONFIG`` (``:``-separated, missing
-files skipped) merged as kubectl merges them (the first file to set a name or a key wins);
-else ``~/.kube/config``; else the pod's service account (in-cluster). ``--context`` picks a
-context other than ``current-context``; the namespace is ``--namespace``, else the context's,
-else ``default``. :func:`resolve` only reads files; :func:`gpudra.kube.connection` checks
-and reads what it names (our own client, for the node daemon), :func:`api_client` turns it
-into a ``kubernetes`` client for the command-line tools.
+files skipped); else ``~/.kube/config``; else the pod's service account (in-cluster,
+:func:`gpudra.kube.connection.in_cluster`). A kubeconfig is loaded by the official
+``kubernetes`` package (``kubernetes.config``: merging, contexts, exec plugins and their
+refresh, tokens and token files, client certificates, ``proxy-url``, ``tls-server-name``,
+``insecure-skip-tls-verify``); what it loaded is handed to our one transport as a
+:class:`~gpudra.kube.connection.Connection`. Checked here, so that a kubeconfig nobody
+could use fails in one line naming the file, context or field before anything is served:
+the files are YAML mappings; the context, its cluster and its user exist (kubectl would go
+anonymous without the user: a daemon then fails every call later); every file an entry
+names can be read; the TLS context builds; an exec plugin gave a credential. kubectl's one
+merge rule the package does not follow, ``current-context`` from the first file that sets
+it, is applied by choosing the context here.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import ssl
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-# The named lists of a kubeconfig: merged by name, the first file's entry wins.
-NAMED_LISTS = ("clusters", "contexts", "users")
-# Relative file references, resolved against the directory of the file that names them
-# (kubectl's ResolveLocalPaths): the named list, then the keys down to the path.
-LOCAL_PATHS = (
-    ("clusters", ("cluster", "certificate-authority")),
-    ("users", ("user", "client-certificate")),
-    ("users", ("user", "client-key")),
-    ("users", ("user", "tokenFile")),
-    ("users", ("user", "exec", "command")),
-)
+from gpudra.kube.connection import SERVICE_ACCOUNT, Connection, KubeconfigError, in_cluster
+from gpudra.kube.proxy import proxy_from_environment
 
-
-class KubeconfigError(Exception):
-    """No usable cluster configuration; the message names the file, context or variable."""
+__all__ = ["SERVICE_ACCOUNT", "ClusterAccess", "KubeconfigError", "Plan", "plan", "resolve"]
 
 
 @dataclass(frozen=True)
 class ClusterAccess:
-    """Where and as whom to connect: a merged kubeconfig and a context, or in-cluster."""
+    """Where and as whom to connect, and the namespace for objects that name none."""
 
-    config: dict[str, Any] | None
-    """The merged kubeconfig; ``None``: the pod's service account."""
-    context: str | None
-    """The context to use (``None`` with in-cluster access)."""
+    connection: Connection
     namespace: str
-    files: tuple[Path, ...] = ()
-    """The kubeconfig files read, in precedence order."""
-
-    def describe(self) -> str:
-        """For messages: ``context kind-dev in /home/me/.kube/config`` or ``in-cluster``."""
-        if self.config is None:
-            return "in-cluster service account"
-        return f"context {self.context} in {os.pathsep.join(map(str, self.files))}"
+    source: str
+    """For messages: ``context kind-dev in /home/me/.kube/config`` or ``in-cluster``."""
 
 
 def config_files(flag: str | Path | None, environ: Mapping[str, str],
@@ -67,17 +56,76 @@ def config_files(flag: str | Path | None, environ: Mapping[str, str],
     return (home / ".kube" / "config",), False
 
 
+def resolve(flag: str | Path | None = None, *, context: str | None = None,
+            namespace: str | None = None, environ: Mapping[str, str] | None = None,
+            home: Path | None = None,
+            service_account: Path = SERVICE_ACCOUNT) -> ClusterAccess:
+    """The cluster access kubectl would use with these flags and this environment."""
+    found = plan(flag, context=context, namespace=namespace, environ=environ, home=home,
+                 service_account=service_account)
+    return found if isinstance(found, ClusterAccess) else found.load()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A kubeconfig that passed every check made without the ``kubernetes`` package (a
+    second or more to import: the node daemon checks before it serves the kubelet and
+    loads after); :meth:`load` loads it."""
+
+    documents: tuple[tuple[Path, Mapping[str, Any]], ...]
+    context: str
+    namespace: str | None
+    environ: Mapping[str, str]
+    token_file: Path | None = None
+    """The user's ``tokenFile`` (without a ``token``): re-read as it changes, as client-go
+    does (the package reads it once)."""
+
+    def load(self) -> ClusterAccess:
+        return _load(self)
+
+    def connection(self) -> Connection:
+        return self.load().connection
+
+
+def plan(flag: str | Path | None = None, *, context: str | None = None,
+         namespace: str | None = None, environ: Mapping[str, str] | None = None,
+         home: Path | None = None,
+         service_account: Path = SERVICE_ACCOUNT) -> ClusterAccess | Plan:
+    """In-cluster access, or the checked kubeconfig to load."""
+    environ = os.environ if environ is None else environ
+    home = Path(environ.get("HOME") or Path.home()) if home is None else home
+    paths, explicit = config_files(flag, environ, home)
+    if explicit and not paths[0].is_file():
+        raise KubeconfigError(f"--kubeconfig {paths[0]}: no such file")
+    documents = [(p, _read(p)) for p in paths if p.is_file()]
+    documents = [(p, d) for p, d in documents if d]
+    if not documents:
+        if explicit:
+            raise KubeconfigError(f"--kubeconfig {paths[0]}: empty")
+        if environ.get("KUBERNETES_SERVICE_HOST") and environ.get("KUBERNETES_SERVICE_PORT"):
+            if context:
+                raise KubeconfigError(f"--context {context}: no kubeconfig to take it from "
+                                      "(running in-cluster)")
+            return ClusterAccess(in_cluster(environ, service_account),
+                                 namespace or _in_cluster_namespace(service_account),
+                                 "in-cluster service account")
+        where = (f"KUBECONFIG={environ['KUBECONFIG']}" if environ.get("KUBECONFIG")
+                 else str(paths[0]))
+        raise KubeconfigError(f"no cluster configuration: {where} has none and this is not a "
+                              "pod (KUBERNETES_SERVICE_HOST is unset); give --kubeconfig FILE")
+    return _checked(documents, context, namespace, environ)
+
+
 def _read(path: Path) -> dict[str, Any]:
-    # Imported when a file is read: a node daemon in its pod uses the service account and
-    # reads none, and PyYAML is ~0.9 MiB of resident memory (issue 14).
-    import yaml
+    import yaml  # not for a daemon in its pod: it reads no kubeconfig
 
     try:
         document = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise KubeconfigError(f"kubeconfig {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise KubeconfigError(f"kubeconfig {path}: not valid YAML: {exc}") from exc
+        raise KubeconfigError(f"kubeconfig {path}: not valid YAML: "
+                              f"{' '.join(str(exc).split())}") from exc
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -86,64 +134,191 @@ def _read(path: Path) -> dict[str, Any]:
     return document
 
 
-def _rebased(node: Any, keys: Sequence[str], base: Path) -> Any:
-    """``node`` with the relative path at ``keys`` made absolute against ``base``."""
-    if keys:
-        if not isinstance(node, dict) or keys[0] not in node:
-            return node
-        return {**node, keys[0]: _rebased(node[keys[0]], keys[1:], base)}
-    if isinstance(node, str) and node and not Path(node).is_absolute():
-        return str(base / node)
-    return node
+def _checked(documents: list[tuple[Path, dict[str, Any]]], context: str | None,
+             namespace: str | None, environ: Mapping[str, str]) -> Plan:
+    """What can be checked on the files as read: the context, its cluster and user, the
+    files they name, inline data that must be base64. An entry is the first file's of that
+    name, as kubectl and the loader merge them."""
+    files = os.pathsep.join(str(p) for p, _ in documents)
+    chosen = context or next((d["current-context"] for _, d in documents
+                              if d.get("current-context")), None)
+    contexts = _all_named(documents, "contexts")
+    names = ", ".join(contexts) or "none"
+    if not chosen:
+        raise KubeconfigError(f"no current-context in {files}; give --context "
+                              f"(contexts: {names})")
+    if str(chosen) not in contexts:
+        flag_name = "--context" if context else "current-context"
+        raise KubeconfigError(f"{flag_name} {chosen}: no such context in {files} "
+                              f"(contexts: {names})")
+    body = contexts[str(chosen)][1].get("context") or {}
+    cluster_name, user_name = body.get("cluster"), body.get("user")
+    clusters = _all_named(documents, "clusters")
+    if not cluster_name or str(cluster_name) not in clusters:
+        raise KubeconfigError(f"context {chosen}: cluster {cluster_name!r} is not in {files}")
+    where, cluster = clusters[str(cluster_name)]
+    if not (cluster.get("cluster") or {}).get("server"):
+        raise KubeconfigError(f"cluster {cluster_name!r} has no server")
+    _check_entry("cluster", str(cluster_name), cluster.get("cluster") or {}, where)
+    token_file = None
+    if user_name:
+        users = _all_named(documents, "users")
+        if str(user_name) not in users:
+            raise KubeconfigError(f"user {user_name!r} is not in users "
+                                  f"(known: {', '.join(users) or 'none'})")
+        where, user = users[str(user_name)]
+        body = user.get("user") or {}
+        _check_entry("user", str(user_name), body, where)
+        _check_user(body, f"user {user_name!r}")
+        if body.get("tokenFile") and not body.get("token"):
+            token_file = Path(os.path.normpath(where.parent / str(body["tokenFile"])))
+    return Plan(tuple(documents), str(chosen), namespace, dict(environ), token_file)
 
 
-def _absolute(config: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """The config with its relative file references made absolute against ``base``."""
-    out = dict(config)
-    for list_name, keys in LOCAL_PATHS:
-        if not isinstance(out.get(list_name), list):
-            continue
-        command = keys[-1] == "command"
-        out[list_name] = [
-            # An exec command without a separator is looked up in PATH, not in the directory.
-            entry if command and os.sep not in str(_leaf(entry, keys))
-            else _rebased(entry, keys, base)
-            for entry in out[list_name]]
+def _all_named(documents: Sequence[tuple[Path, Mapping[str, Any]]],
+               kind: str) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Entries of a list by name, each with its file: the first file's wins."""
+    out: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path, document in documents:
+        entries = document.get(kind)
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                out.setdefault(entry["name"], (path, entry))
     return out
 
 
-def _leaf(node: Any, keys: Sequence[str]) -> Any:
-    for key in keys:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
+def _load(found: Plan) -> ClusterAccess:
+    """Load a checked kubeconfig with the ``kubernetes`` package."""
+    from kubernetes.client import Configuration
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
+
+    files = os.pathsep.join(str(p) for p, _ in found.documents)
+    merged = KubeConfigMerger(files).config  # type: ignore[no-untyped-call]
+    chosen = found.context
+    body = (_named(merged.value, "contexts", chosen) or {}).get("context") or {}
+    cluster_name, user_name = body.get("cluster"), body.get("user")
+    cluster = _named(merged.value, "clusters", str(cluster_name)) or {}
+    user = _named(merged.value, "users", str(user_name)) if user_name else None
+    namespace, environ = found.namespace, found.environ
+    configuration = Configuration()
+    try:
+        with _plugin_errors() as plugin_errors:
+            loader = KubeConfigLoader(  # type: ignore[no-untyped-call]
+                config_dict=merged, active_context=str(chosen), config_base_path=None)
+            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    except (ConfigException, ValueError, OSError) as exc:
+        raise KubeconfigError(f"context {chosen}: {' '.join(str(exc).split())}") from exc
+    user_body = (user or {}).get("user") or {}
+    has_credential = (configuration.api_key.get("BearerToken") or configuration.cert_file)
+    if user_body.get("exec") and not has_credential:
+        detail = "; ".join(plugin_errors) or "no token or client certificate"
+        raise KubeconfigError(f"user {user_name!r}: exec plugin "
+                              f"{user_body['exec'].get('command')!r}: {detail}")
+    server = str(configuration.host)
+    where = f"cluster {cluster_name!r}"
+    tls = _tls(configuration, where) if server.startswith("https:") else None
+    proxy = configuration.proxy if "proxy-url" in (cluster.get("cluster") or {}) else None
+    from gpudra.kube.credentials import Credentials, LoadedCredentials, TokenFile
+
+    credentials: Credentials | None = None
+    if found.token_file is not None:
+        credentials = TokenFile(found.token_file)
+    elif configuration.api_key.get("BearerToken"):
+        credentials = LoadedCredentials(configuration)
+    return ClusterAccess(
+        Connection(server=server, tls=tls,
+                   tls_server_name=configuration.tls_server_name or None,
+                   proxy=proxy or proxy_from_environment(server, environ),
+                   credentials=credentials),
+        namespace or body.get("namespace") or "default", f"context {chosen} in {files}")
 
 
-def merge(configs: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, Any]:
-    """kubectl's merge: for each named cluster, context and user, and for every other
-    top-level key, the first file that sets it wins and later files never change it."""
-    merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config"}
-    for list_name in NAMED_LISTS:
-        merged[list_name] = []
-    seen: dict[str, set[str]] = {name: set() for name in NAMED_LISTS}
-    for path, raw in configs:
-        config = _absolute(raw, path.parent)
-        for key, value in config.items():
-            if key in NAMED_LISTS:
-                for entry in value or []:
-                    name = entry.get("name") if isinstance(entry, dict) else None
-                    if isinstance(name, str) and name not in seen[key]:
-                        seen[key].add(name)
-                        merged[key].append(entry)
-            elif key not in merged or merged[key] in (None, "", {}):
-                merged[key] = value
-    return merged
+def _entries(config: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    entries = config.get(kind)
+    return [e.value if hasattr(e, "value") else e for e in entries or []
+            if isinstance(getattr(e, "value", e), dict)]
 
 
-def _named(config: Mapping[str, Any], list_name: str, name: str) -> dict[str, Any] | None:
-    for entry in config.get(list_name) or []:
-        if isinstance(entry, dict) and entry.get("name") == name:
-            return entry
-    return None
+def _named(config: Mapping[str, Any], kind: str, name: str) -> dict[str, Any] | None:
+    return next((e for e in _entries(config, kind) if e.get("name") == name), None)
+
+
+def _check_user(user: Mapping[str, Any], where: str) -> None:
+    if user.get("auth-provider"):
+        provider = (user["auth-provider"] or {}).get("name", "?")
+        raise KubeconfigError(f"{where}: auth-provider {provider!r} is not supported (it was "
+                              "removed from kubectl; use an exec credential plugin)")
+    cert = user.get("client-certificate") or user.get("client-certificate-data")
+    key = user.get("client-key") or user.get("client-key-data")
+    if bool(cert) != bool(key):
+        raise KubeconfigError(f"{where}: client-certificate and client-key go together")
+    plugin = user.get("exec")
+    if plugin is not None and (not isinstance(plugin, dict) or not plugin.get("command")):
+        raise KubeconfigError(f"{where}: exec: no command")
+
+
+def _check_entry(kind: str, name: str, body: Mapping[str, Any], source: Path) -> None:
+    """Every file the entry names can be read (relative to the file the entry is in), and
+    its inline data is base64."""
+    import base64
+    import binascii
+
+    fields = ("certificate-authority",) if kind == "cluster" else (
+        "client-certificate", "client-key", "tokenFile")
+    for field in fields:
+        data = body.get(f"{field}-data")
+        if data:
+            try:
+                base64.b64decode(str(data), validate=True)
+            except binascii.Error as exc:
+                raise KubeconfigError(f"{kind} {name!r}: {field}-data is not base64") from exc
+        elif body.get(field) and not (field == "tokenFile" and body.get("token")):
+            path = Path(os.path.normpath(source.parent / str(body[field])))
+            try:
+                if path.is_dir():
+                    raise IsADirectoryError(21, "Is a directory")
+                with path.open("rb"):
+                    pass
+            except OSError as exc:
+                raise KubeconfigError(f"{kind} {name!r}: {field} {path}: "
+                                      f"{exc.strerror or exc}") from exc
+
+
+def _tls(configuration: Any, where: str) -> ssl.SSLContext:
+    """The TLS context the loaded configuration describes; a file that is not what its
+    field says is an error naming it."""
+    try:
+        context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise KubeconfigError(f"{where}: certificate-authority: {exc}") from exc
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if configuration.cert_file and configuration.key_file:
+        try:
+            context.load_cert_chain(configuration.cert_file, configuration.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise KubeconfigError(f"client-certificate and client-key: {exc}") from exc
+    return context
+
+
+@contextmanager
+def _plugin_errors() -> Iterator[list[str]]:
+    """What the loader logs instead of raising (a failing exec plugin), collected."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(" ".join(record.getMessage().split())[:300])
+
+    handler = Collect(logging.ERROR)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        root.removeHandler(handler)
 
 
 def _in_cluster_namespace(service_account: Path) -> str:
@@ -151,62 +326,3 @@ def _in_cluster_namespace(service_account: Path) -> str:
         return (service_account / "namespace").read_text().strip() or "default"
     except OSError:
         return "default"
-
-
-def resolve(flag: str | Path | None = None, *, context: str | None = None,
-            namespace: str | None = None, environ: Mapping[str, str] | None = None,
-            home: Path | None = None,
-            service_account: Path = SERVICE_ACCOUNT) -> ClusterAccess:
-    """The cluster access kubectl would use with these flags and this environment."""
-    environ = os.environ if environ is None else environ
-    home = Path(environ.get("HOME") or Path.home()) if home is None else home
-    paths, explicit = config_files(flag, environ, home)
-    if explicit and not paths[0].is_file():
-        raise KubeconfigError(f"--kubeconfig {paths[0]}: no such file")
-    configs = [(p, _read(p)) for p in paths if p.is_file()]
-    if not any(config for _, config in configs):
-        if explicit:
-            raise KubeconfigError(f"--kubeconfig {paths[0]}: empty")
-        if environ.get("KUBERNETES_SERVICE_HOST") and environ.get("KUBERNETES_SERVICE_PORT"):
-            if context:
-                raise KubeconfigError(f"--context {context}: no kubeconfig to take it from "
-                                      "(running in-cluster)")
-            return ClusterAccess(None, None, namespace or _in_cluster_namespace(service_account))
-        where = (f"KUBECONFIG={environ['KUBECONFIG']}" if environ.get("KUBECONFIG")
-                 else str(paths[0]))
-        raise KubeconfigError(f"no cluster configuration: {where} has none and this is not a "
-                              "pod (KUBERNETES_SERVICE_HOST is unset); give --kubeconfig FILE")
-    merged = merge(configs)
-    files = tuple(p for p, _ in configs)
-    chosen = context or merged.get("current-context")
-    names = ", ".join(str(c.get("name")) for c in merged["contexts"]) or "none"
-    if not chosen:
-        raise KubeconfigError(f"no current-context in {os.pathsep.join(map(str, files))}; "
-                              f"give --context (contexts: {names})")
-    entry = _named(merged, "contexts", chosen)
-    if entry is None:
-        flag_name = "--context" if context else "current-context"
-        raise KubeconfigError(f"{flag_name} {chosen}: no such context in "
-                              f"{os.pathsep.join(map(str, files))} (contexts: {names})")
-    body = entry.get("context") or {}
-    cluster = body.get("cluster")
-    if not cluster or _named(merged, "clusters", str(cluster)) is None:
-        raise KubeconfigError(f"context {chosen}: cluster {cluster!r} is not in "
-                              f"{os.pathsep.join(map(str, files))}")
-    return ClusterAccess(merged, str(chosen), namespace or body.get("namespace") or "default",
-                         files)
-
-
-def api_client(access: ClusterAccess) -> Any:
-    """A synchronous ``kubernetes.client.ApiClient`` for the command-line tools."""
-    from kubernetes import client, config
-
-    try:
-        if access.config is None:
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return client.ApiClient(configuration)
-        return config.new_client_from_config_dict(  # type: ignore[no-untyped-call]
-            config_dict=access.config, context=access.context, persist_config=False)
-    except Exception as exc:  # ConfigException, bad certificates, missing files …
-        raise KubeconfigError(f"{access.describe()}: {exc}") from exc

@@ -55,6 +55,7 @@ class Resource:
 
 NODES: Final = Resource("nodes", "/api/v1")
 RESOURCE_SLICES: Final = Resource("resourceslices", "/apis/resource.k8s.io/v1")
+DEVICE_CLASSES: Final = Resource("deviceclasses", "/apis/resource.k8s.io/v1")
 RESOURCE_CLAIMS: Final = Resource("resourceclaims", "/apis/resource.k8s.io/v1", namespaced=True)
 EVENTS: Final = Resource("events", "/apis/events.k8s.io/v1", namespaced=True)
 
@@ -213,8 +214,13 @@ class RawApi:
                                 resource.item(name, namespace))
 
     async def list(self, resource: Resource, *, namespace: str | None = None,
-                   field_selector: str = "") -> Obj:
+                   field_selector: str = "", limit: int = 0, continue_from: str = "") -> Obj:
+        """One LIST; ``limit`` and ``continue_from`` page through a long one."""
         query = [("fieldSelector", field_selector)] if field_selector else []
+        if limit:
+            query.append(("limit", str(limit)))
+        if continue_from:
+            query.append(("continue", continue_from))
         return await self._call("list", resource, None, "GET", resource.collection(namespace),
                                 query=query)
 

@@ -1,36 +1,32 @@
-"""One session to one API server: TLS and credentials from a :class:`Connection`.
+"""One session to one API server: the transport (:mod:`gpudra.kube.http_client`) with the
+TLS, proxy and credentials of a :class:`~gpudra.kube.connection.Connection`.
 
 Our own small client instead of ``kubernetes.aio``: the daemon only sends plain JSON
-(:mod:`gpudra.kube.raw_api`), and that package costs ~50 MB of memory and ~0.5 s to import;
-the HTTP itself is :mod:`gpudra.kube.http_client` (aiohttp cost ~9 MiB more). The client is
-created on first use, inside the running event loop; the TLS context needs an exec plugin's
-client certificate, when there is one, so it is built then too.
+(:mod:`gpudra.kube.raw_api`), and that package is heavy to import and hold. The same
+session serves the command-line tools, so the daemon and the CLI reach a cluster alike. The
+client is created on first use, inside the running event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
 
-from gpudra.kube.connection import Connection
-from gpudra.kube.credentials import Credentials
-from gpudra.kube.http_client import HttpClient, Response
+from gpudra.kube.connection import Connection, KubeconfigError
+from gpudra.kube.http_client import HttpClient, HttpError, Response
 
-if TYPE_CHECKING:
-    import ssl
+ConnectionSource = Connection | Callable[[], Connection]
+"""A connection, or how to make one on first use (a kubeconfig the ``kubernetes``
+package loads: a second or more, and maybe an exec plugin; in a worker thread)."""
 
 
 class ApiSession:
     """Requests to one API server, authenticated; close it when done."""
 
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._credentials = Credentials(connection)
+    def __init__(self, connection: ConnectionSource) -> None:
+        self._source = connection
+        self._connection = connection if isinstance(connection, Connection) else None
         self._client: HttpClient | None = None
-        self._ssl: ssl.SSLContext | None = None
         self._opening = asyncio.Lock()
 
     @classmethod
@@ -45,17 +41,31 @@ class ApiSession:
                       read_timeout: float | None = None) -> Response:
         """Send one request; the caller reads and releases the response. The timeouts are
         :meth:`HttpClient.request`'s; a deadline for the whole call is the caller's."""
-        client = self._client or await self._open()
+        c = self._connection or await self._load()
+        if self._client is None:
+            self._client = HttpClient(c.server, ssl_context=c.tls,
+                                      server_hostname=c.tls_server_name, proxy=c.proxy)
         all_headers = dict(headers or {})
-        authorization = await self._credentials.header()
-        if authorization is not None:
-            all_headers["Authorization"] = authorization
-        response = await client.request(
+        if c.credentials is not None:
+            authorization = await c.credentials.header()
+            if authorization is not None:
+                all_headers["Authorization"] = authorization
+        response = await self._client.request(
             method, path, query=query, headers=all_headers, body=body,
             connect_timeout=connect_timeout, read_timeout=read_timeout)
-        if response.status == 401:
-            self._credentials.rejected()
+        if response.status == 401 and c.credentials is not None:
+            c.credentials.rejected()
         return response
+
+    async def _load(self) -> Connection:
+        async with self._opening:
+            if self._connection is None:
+                assert callable(self._source)
+                try:
+                    self._connection = await asyncio.to_thread(self._source)
+                except KubeconfigError as exc:  # each call fails with it, and is retried
+                    raise HttpError(f"kubeconfig: {exc}") from exc
+            return self._connection
 
     async def close(self) -> None:
         if self._client is not None:
@@ -67,53 +77,3 @@ class ApiSession:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    async def _open(self) -> HttpClient:
-        async with self._opening:
-            if self._client is None:
-                tls = None
-                if self.connection.server.startswith("https:"):
-                    client_pair = None
-                    if self.connection.exec_plugin is not None:
-                        credential = await self._credentials.exec_credential()
-                        client_pair = (credential.client_cert_pem, credential.client_key_pem)
-                    tls = self._tls(client_pair)
-                self._client = HttpClient(self.connection.server, ssl_context=tls,
-                                          server_hostname=self.connection.tls_server_name)
-            return self._client
-
-    def _tls(self, client_pair: tuple[str | None, str | None] | None) -> ssl.SSLContext:
-        """The session's TLS context; ``client_pair`` is an exec plugin's client certificate
-        and key, which take the kubeconfig's place."""
-        if self._ssl is None:
-            self._ssl = _tls_context(self.connection, client_pair)
-        return self._ssl
-
-
-def _tls_context(c: Connection,
-                 client_pair: tuple[str | None, str | None] | None) -> ssl.SSLContext:
-    import ssl
-
-    cert, key = c.client_cert_pem, c.client_key_pem
-    if client_pair is not None:
-        cert, key = client_pair[0] or cert, client_pair[1] or key
-    context = ssl.create_default_context(cadata=c.ca_pem or None)
-    if c.insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if cert and key:
-        _load_chain(context, cert, key)
-    return context
-
-
-def _load_chain(context: ssl.SSLContext, cert_pem: str, key_pem: str) -> None:
-    """Load an in-memory certificate and key: ``ssl`` only reads them from files, so
-    through a private temporary directory removed at once."""
-    import tempfile  # rare (client certificates); it imports shutil and random
-
-    with tempfile.TemporaryDirectory(prefix="gpudra-tls-") as directory:
-        cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
-        for path, text in ((cert, cert_pem), (key, key_pem)):
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-                f.write(text)
-        context.load_cert_chain(cert, key)

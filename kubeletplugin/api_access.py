@@ -1,10 +1,10 @@
 """How the node daemon reaches the API server: read and checked before the kubelet sockets
 are served, so a kubeconfig the daemon could not use stops it before the kubelet sees it.
 
-One reader for kubeconfigs: :func:`gpudra.kube.kubeconfig.resolve` (as kubectl resolves
-them) then :func:`gpudra.kube.connection.connection_settings` (files read, fields checked).
-The daemon's ``--kubeconfig`` names one file; without it the daemon runs in-cluster. Errors
-are one line, led by the flag.
+The one loader of ``gpudra node``, ``explain`` and ``top``:
+:func:`gpudra.kube.kubeconfig.resolve`, as kubectl resolves a kubeconfig. ``--kubeconfig``
+(env ``KUBECONFIG``, which may list several files) names the kubeconfig; without one, and
+without ``~/.kube/config``, the daemon runs in-cluster. Errors are one line, led by the flag.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpudra.kube.connection import Connection, connection_settings, in_cluster
-from gpudra.kube.kubeconfig import SERVICE_ACCOUNT, KubeconfigError, resolve
+from gpudra.kube.connection import SERVICE_ACCOUNT, KubeconfigError, in_cluster
+from gpudra.kube.kubeconfig import config_files, plan
 
 if TYPE_CHECKING:
-    from gpudra.kube.session import ApiSession
+    from gpudra.kube.session import ApiSession, ConnectionSource
 
 
 class ApiAccessError(Exception):
@@ -26,26 +26,37 @@ class ApiAccessError(Exception):
 
 
 def check_api_access(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None,
-                     service_account: Path = SERVICE_ACCOUNT) -> Connection:
-    """The connection ``kubeconfig`` (None: the pod's in-cluster service account) gives;
-    :class:`ApiAccessError` when the daemon could not use it."""
-    if kubeconfig is None:
+                     home: Path | None = None,
+                     service_account: Path = SERVICE_ACCOUNT) -> ConnectionSource:
+    """The connection ``kubeconfig`` (None: ``~/.kube/config`` if there is one, else the
+    pod's in-cluster service account) gives, or a checked kubeconfig to load once the
+    kubelet sockets are served (the ``kubernetes`` package takes a second or more to
+    import); :class:`ApiAccessError` when the daemon could not use it."""
+    environ = dict(os.environ if environ is None else environ)
+    home = Path(environ.get("HOME") or Path.home()) if home is None else home
+    flag: str | None = kubeconfig
+    if kubeconfig and os.pathsep in kubeconfig:  # KUBECONFIG's list, merged as kubectl does
+        environ["KUBECONFIG"], flag = kubeconfig, None
+    else:
+        environ.pop("KUBECONFIG", None)
+    if not flag and not any(p.is_file() for p in config_files(None, environ, home)[0]):
         try:
-            return in_cluster(os.environ if environ is None else environ, service_account)
+            return in_cluster(environ, service_account)
         except KubeconfigError as exc:
             raise ApiAccessError(f"no --kubeconfig given and {_one_line(exc)}") from exc
-    flag = f"--kubeconfig {kubeconfig}"
+    where = f"--kubeconfig {kubeconfig}" if kubeconfig else "kubeconfig"
     try:
-        return connection_settings(resolve(kubeconfig, environ={}, home=Path("/")))
+        found = plan(flag, environ=environ, home=home, service_account=service_account)
+        return found.connection  # a Plan's is its (bound) loader
     except KubeconfigError as exc:
         message = _one_line(exc)
         # resolve() names the file itself; the flag is what the operator typed.
-        for prefix in (f"{flag}: ", f"kubeconfig {kubeconfig}: "):
+        for prefix in (f"{where}: ", f"kubeconfig {kubeconfig}: "):
             message = message.removeprefix(prefix)
-        raise ApiAccessError(f"{flag}: {message}") from exc
+        raise ApiAccessError(f"{where}: {message}") from exc
 
 
-def api_session(connection: Connection) -> ApiSession:
+def api_session(connection: ConnectionSource) -> ApiSession:
     """The daemon's session to the API server (opened on its first request). The client's
     modules are imported here, after registration, not when the daemon starts."""
     from gpudra.kube.session import ApiSession

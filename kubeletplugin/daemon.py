@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # imported when used: phase 2 (off the loop), the probes (whe
     from gpudra.driver.nvml import Nvml
     from gpudra.driver.usage import IdleTransition
     from gpudra.driver.usage_sampler import UsageSampler
-    from gpudra.kube.connection import Connection
+    from gpudra.kube.session import ConnectionSource
     from gpudra.kubeletplugin.claim_status import ClaimStatusWriter
     from gpudra.kubeletplugin.events import IdleEvents
     from gpudra.kubeletplugin.http_probes import ProbeServer
@@ -217,7 +217,7 @@ async def _start(config: NodeConfig, runtime: _Runtime) -> None:
         raise
 
 
-async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connection, *,
+async def _start_node(config: NodeConfig, runtime: _Runtime, connection: ConnectionSource, *,
                       starting: _StartingPreparer, health: HealthService | None,
                       gate: PublishGate) -> None:
     """Phase 2: devices, checkpoint, API client, publishing; the sockets answer meanwhile."""

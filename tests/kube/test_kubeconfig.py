@@ -1,5 +1,7 @@
-"""Kubeconfig resolution as kubectl does it: --kubeconfig, KUBECONFIG (merged), ~/.kube/config,
-in-cluster; --context and --namespace; relative file references; clients that really connect."""
+"""Kubeconfig resolution as kubectl does it: --kubeconfig, KUBECONFIG (merged by the
+``kubernetes`` package), ~/.kube/config, in-cluster; --context and --namespace; the checks
+made before loading; sessions that really connect. Credentials, TLS and proxies across all
+three commands: test_credentials_matrix.py."""
 
 from __future__ import annotations
 
@@ -8,30 +10,33 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes.client import CoreV1Api
 
-from gpudra.kube.connection import connection_settings
 from gpudra.kube.kubeconfig import (
     ClusterAccess,
     KubeconfigError,
-    api_client,
+    Plan,
     config_files,
-    merge,
+    plan,
     resolve,
 )
 from gpudra.kube.raw_api import NODES, RawApi
 from gpudra.kube.session import ApiSession
 from gpudra.testing.fakeapi import FakeApiServer
+from tests.kube.certificates import make_certificate
 
 
 def kubeconfig(path: Path, *, current: str | None = None, namespace: str | None = None,
                contexts: dict[str, str] | None = None, server: str = "http://127.0.0.1:1",
-               user: dict | None = None, **extra) -> Path:
-    """A kubeconfig with one cluster and user per context name (context → cluster name)."""
+               user: dict | None = None, named_paths: bool = True, **extra) -> Path:
+    """A kubeconfig with one cluster and user per context name (context → cluster name);
+    a cluster's server is ``server`` with its name as the path (to tell them apart), or
+    just ``server`` without ``named_paths``."""
     contexts = contexts if contexts is not None else {"ctx": "c"}
     document = {
         "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": c, "cluster": {"server": server}} for c in set(contexts.values())],
+        "clusters": [{"name": c, "cluster": {"server": f"{server}/{c}" if named_paths
+                                             else server}}
+                     for c in set(contexts.values())],
         "users": [{"name": "u", "user": user or {}}],
         "contexts": [{"name": name, "context": {"cluster": cluster, "user": "u",
                                                  **({"namespace": namespace} if namespace
@@ -81,8 +86,7 @@ def test_resolution_order_with_real_files(tmp_path, home):
     flag = kubeconfig(tmp_path / "flag", current="ctx", contexts={"ctx": "flag"})
 
     def cluster(access: ClusterAccess) -> str:
-        assert access.config is not None
-        return access.config["contexts"][0]["context"]["cluster"]
+        return access.connection.server.rsplit("/", 1)[1]
 
     assert cluster(resolve(flag, environ=env(KUBECONFIG=str(listed)), home=home)) == "flag"
     assert cluster(resolve(None, environ=env(KUBECONFIG=str(listed)), home=home)) == "listed"
@@ -97,16 +101,20 @@ def test_in_cluster_when_no_file_and_running_in_a_pod(tmp_path, home):
     account.mkdir()
     (account / "namespace").write_text("gpu-operator\n")
     pod = env(KUBERNETES_SERVICE_HOST="10.0.0.1", KUBERNETES_SERVICE_PORT="443")
+    (account / "token").write_text("pod-token")
+    make_certificate(account, "ca", "DNS:kubernetes")[0].rename(account / "ca.crt")
     access = resolve(None, environ=pod, home=home, service_account=account)
-    assert access == ClusterAccess(None, None, "gpu-operator")
-    assert access.describe() == "in-cluster service account"
+    assert (access.connection.server, access.namespace) == ("https://10.0.0.1:443",
+                                                            "gpu-operator")
+    assert access.source == "in-cluster service account"
     assert resolve(None, namespace="x", environ=pod, home=home,
                    service_account=account).namespace == "x"
+    (account / "namespace").unlink()
     assert resolve(None, environ=pod, home=home,
-                   service_account=tmp_path / "none").namespace == "default"
+                   service_account=account).namespace == "default"
     # a kubeconfig, when there is one, wins over the service account (kubectl's order)
     kubeconfig(home / ".kube" / "config", current="ctx")
-    assert resolve(None, environ=pod, home=home).config is not None
+    assert resolve(None, environ=pod, home=home).connection.server == "http://127.0.0.1:1/c"
 
 
 def test_no_configuration_at_all_says_where_it_looked(home):
@@ -136,56 +144,35 @@ def test_unreadable_kubeconfig_names_the_file(tmp_path, home):
         resolve(bad, environ=env(), home=home)
 
 
-# --- merging ----------------------------------------------------------------------------
+# --- merging (the kubernetes package's; the first file's current-context, kubectl's) ----
 
-def test_merge_first_file_wins_per_name_and_per_key(tmp_path):
-    first = {"current-context": "a",
-             "clusters": [{"name": "c", "cluster": {"server": "https://first"}}],
-             "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}}],
-             "users": [{"name": "u", "user": {"token": "first"}}]}
-    second = {"current-context": "b", "preferences": {"colors": True},
-              "clusters": [{"name": "c", "cluster": {"server": "https://second"}},
-                           {"name": "d", "cluster": {"server": "https://d"}}],
-              "contexts": [{"name": "b", "context": {"cluster": "d", "user": "u"}}],
-              "users": [{"name": "u", "user": {"token": "second"}}]}
-    merged = merge([(tmp_path / "1", first), (tmp_path / "2", second)])
-    assert merged["current-context"] == "a"
-    assert merged["preferences"] == {"colors": True}  # set by the second file only
-    assert merged["clusters"] == [{"name": "c", "cluster": {"server": "https://first"}},
-                                  {"name": "d", "cluster": {"server": "https://d"}}]
-    assert [c["name"] for c in merged["contexts"]] == ["a", "b"]
-    assert merged["users"] == [{"name": "u", "user": {"token": "first"}}]
+def test_the_first_file_that_names_a_context_or_current_context_wins(tmp_path, home):
+    first = kubeconfig(tmp_path / "one", current="a", contexts={"a": "first", "b": "b1"})
+    second = kubeconfig(tmp_path / "two", current="b", contexts={"b": "b2"}, namespace="ml")
+    listed = env(KUBECONFIG=f"{first}{os.pathsep}{second}")
+    assert resolve(None, environ=listed, home=home).connection.server.endswith("/first")
+    access = resolve(None, context="b", environ=listed, home=home)
+    assert access.connection.server.endswith("/b1") and access.namespace == "default"
 
 
 def test_a_later_file_sets_current_context_when_the_first_does_not(tmp_path, home):
     first = kubeconfig(tmp_path / "one", contexts={"a": "c"})
     second = kubeconfig(tmp_path / "two", current="b", contexts={"b": "d"}, namespace="ml")
     access = resolve(None, environ=env(KUBECONFIG=f"{first}{os.pathsep}{second}"), home=home)
-    assert access.context == "b"
+    assert access.connection.server.endswith("/d")
     assert access.namespace == "ml"
-    assert access.files == (first, second)
+    assert access.source == f"context b in {first}{os.pathsep}{second}"
 
 
-def test_relative_file_references_resolve_against_the_file_that_names_them(tmp_path):
-    config = {
-        "clusters": [{"name": "c", "cluster": {"server": "https://x",
-                                               "certificate-authority": "pki/ca.crt"}}],
-        "users": [{"name": "u", "user": {"client-certificate": "pki/u.crt",
-                                         "client-key": "/abs/u.key",
-                                         "tokenFile": "token",
-                                         "exec": {"command": "./bin/login"}}},
-                  {"name": "v", "user": {"exec": {"command": "aws"}}}],
-    }
-    merged = merge([(tmp_path / "dir" / "config", config)])
-    base = tmp_path / "dir"
-    assert merged["clusters"][0]["cluster"]["certificate-authority"] == str(base / "pki/ca.crt")
-    user = merged["users"][0]["user"]
-    assert user["client-certificate"] == str(base / "pki/u.crt")
-    assert user["client-key"] == "/abs/u.key"
-    assert user["tokenFile"] == str(base / "token")
-    assert user["exec"]["command"] == str(base / "bin/login")
-    assert merged["users"][1]["user"]["exec"]["command"] == "aws"  # looked up in PATH
-    assert config["users"][0]["user"]["client-certificate"] == "pki/u.crt"  # input untouched
+def test_relative_file_references_are_checked_against_the_file_that_names_them(
+        tmp_path, home):
+    directory = tmp_path / "dir"
+    path = kubeconfig(directory / "config", current="ctx",
+                      user={"tokenFile": "token"})
+    with pytest.raises(KubeconfigError, match=f"^user 'u': tokenFile {directory}/token: No such"):
+        resolve(path, environ=env(), home=home)
+    (directory / "token").write_text("t")
+    assert resolve(path, environ=env(), home=home).connection.credentials is not None
 
 
 # --- context and namespace --------------------------------------------------------------
@@ -194,10 +181,10 @@ def test_context_flag_picks_another_context_and_its_namespace(tmp_path, home):
     path = kubeconfig(tmp_path / "cfg", current="a", contexts={"a": "c", "b": "d"},
                       namespace="team")
     access = resolve(path, context="b", environ=env(), home=home)
-    assert (access.context, access.namespace) == ("b", "team")
+    assert (access.connection.server, access.namespace) == ("http://127.0.0.1:1/d", "team")
     assert resolve(path, context="b", namespace="other", environ=env(),
                    home=home).namespace == "other"
-    assert access.describe() == f"context b in {path}"
+    assert access.source == f"context b in {path}"
 
 
 def test_namespace_defaults_to_default(tmp_path, home):
@@ -225,9 +212,9 @@ def test_context_flag_in_a_pod_without_kubeconfig_is_an_error(tmp_path, home):
         resolve(None, context="x", environ=pod, home=home)
 
 
-# --- clients ----------------------------------------------------------------------------
+# --- sessions ---------------------------------------------------------------------------
 
-def test_clients_reach_the_server_of_the_chosen_context(tmp_path, home):
+async def test_a_session_reaches_the_server_of_the_chosen_context(tmp_path, home):
     with FakeApiServer() as api:
         path = kubeconfig(tmp_path / "cfg", current="wrong",
                           contexts={"wrong": "nowhere", "right": "fake"})
@@ -237,25 +224,24 @@ def test_clients_reach_the_server_of_the_chosen_context(tmp_path, home):
                 cluster["cluster"]["server"] = api.url
         path.write_text(yaml.safe_dump(document))
         access = resolve(None, context="right", environ=env(KUBECONFIG=str(path)), home=home)
-        client = api_client(access)
-        try:
-            assert client.configuration.host == api.url
-            assert CoreV1Api(client).list_node(_preload_content=False).status == 200
-        finally:
-            client.close()
-
-
-async def test_async_client_for_the_node_daemon(tmp_path, home):
-    with FakeApiServer() as api:
-        path = kubeconfig(tmp_path / "cfg", current="ctx", server=api.url)
-        connection = connection_settings(resolve(path, environ=env(), home=home))
-        assert connection.server == api.url
-        async with ApiSession(connection) as session:
+        assert access.connection.server == api.url
+        async with ApiSession(access.connection) as session:
             assert (await RawApi(session).list(NODES))["kind"] == "NodeList"
 
 
-def test_client_errors_name_the_context(tmp_path, home):
+async def test_a_checked_kubeconfig_loads_on_the_sessions_first_request(tmp_path, home):
+    with FakeApiServer() as api:
+        path = kubeconfig(tmp_path / "cfg", current="ctx", server=api.url, named_paths=False)
+        found = plan(path, environ=env(), home=home)
+        assert isinstance(found, Plan)
+        async with ApiSession(found.connection) as session:
+            assert (await RawApi(session).list(NODES))["kind"] == "NodeList"
+
+
+def test_a_client_certificate_that_is_not_one_is_named(tmp_path, home):
+    (tmp_path / "u.crt").write_text("not a certificate")
+    (tmp_path / "u.key").write_text("not a key")
     path = kubeconfig(tmp_path / "cfg", current="ctx", server="https://127.0.0.1:1",
-                      user={"client-certificate": "missing.crt", "client-key": "missing.key"})
-    with pytest.raises(KubeconfigError, match=f"^context ctx in {path}: "):
-        api_client(resolve(path, environ=env(), home=home))
+                      user={"client-certificate": "u.crt", "client-key": "u.key"})
+    with pytest.raises(KubeconfigError, match=r"^client-certificate and client-key: "):
+        resolve(path, environ=env(), home=home)

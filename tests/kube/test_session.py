@@ -1,6 +1,7 @@
-"""Our own API session: credentials from a kubeconfig (token, token file re-read as it
-rotates, exec plugin, basic auth), in-cluster settings, TLS, and the errors that name the
-field; over real HTTP(S) to a small server that records what it was sent."""
+"""Our own API session with what the one loader gives it: credentials from a kubeconfig
+(token, token file re-read as it rotates, exec plugin run again when its credential expires,
+basic auth), in-cluster settings, TLS, and the errors that name the field; over real
+HTTP(S) to a small server that records what it was sent."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra.kube.connection import Connection, connection_settings, in_cluster
-from gpudra.kube.errors import ApiCallError
+from gpudra.kube import credentials
+from gpudra.kube.connection import Connection, in_cluster
+from gpudra.kube.credentials import TokenFile
 from gpudra.kube.kubeconfig import KubeconfigError, resolve
 from gpudra.kube.raw_api import NODES, RawApi
 from gpudra.kube.session import ApiSession
@@ -81,7 +83,7 @@ def write_kubeconfig(path: Path, server: str, user: dict[str, Any],
 
 
 def settings(path: Path) -> Connection:
-    return connection_settings(resolve(path, environ={}, home=path.parent))
+    return resolve(path, environ={}, home=path.parent).connection
 
 
 async def list_nodes(connection: Connection) -> None:
@@ -101,7 +103,8 @@ async def test_a_token_file_is_read_again_when_it_changes(tmp_path):
     async with recording_server() as (url, seen):
         connection = settings(write_kubeconfig(tmp_path / "cfg", url,
                                                {"tokenFile": "token"}))
-        assert connection.token_file == token  # relative to the kubeconfig
+        assert isinstance(connection.credentials, TokenFile)
+        assert connection.credentials.path == token  # relative to the kubeconfig
         async with ApiSession(connection) as session:
             api = RawApi(session, timeout=5)
             await api.list(NODES)
@@ -142,7 +145,9 @@ def exec_plugin(tmp_path: Path, status: dict[str, Any], *, exit_code: int = 0) -
                      "provideClusterInfo": True, "interactiveMode": "Never"}}
 
 
-async def test_an_exec_plugin_gives_the_token_and_runs_again_when_it_expires(tmp_path):
+async def test_an_exec_plugin_gives_the_token_and_runs_again_when_it_expires(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(credentials, "RECHECK", 0.0)  # ask the loader before every request
     user = exec_plugin(tmp_path, {"token": "from-exec",
                                   "expirationTimestamp": "2000-01-01T00:00:00Z"})
     async with recording_server() as (url, seen):
@@ -153,13 +158,14 @@ async def test_an_exec_plugin_gives_the_token_and_runs_again_when_it_expires(tmp
             await api.list(NODES)
     assert [h["authorization"] for h in seen] == ["Bearer from-exec"] * 2
     runs = (tmp_path / "runs").read_text().splitlines()
-    assert len(runs) == 2  # long expired: fetched again before the second request
+    assert len(runs) == 3  # at load, then, long expired, again before each request
     request = json.loads(runs[0])
     assert request["kind"] == "ExecCredential"
     assert request["spec"]["cluster"]["server"] == url
 
 
-async def test_an_unexpired_exec_credential_is_reused(tmp_path):
+async def test_an_unexpired_exec_credential_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setattr(credentials, "RECHECK", 0.0)
     user = exec_plugin(tmp_path, {"token": "t"})
     async with recording_server() as (url, _):
         connection = settings(write_kubeconfig(tmp_path / "cfg", url, user))
@@ -170,38 +176,21 @@ async def test_an_unexpired_exec_credential_is_reused(tmp_path):
     assert len((tmp_path / "runs").read_text().splitlines()) == 1
 
 
-async def test_a_401_gets_a_new_exec_credential_for_the_next_request(tmp_path):
-    user = exec_plugin(tmp_path, {"token": "token-{run}"})  # never expires by itself
-    async with recording_server(unauthorized=1) as (url, seen):
-        connection = settings(write_kubeconfig(tmp_path / "cfg", url, user))
-        async with ApiSession(connection) as session:
-            api = RawApi(session, timeout=5)
-            with pytest.raises(ApiCallError) as caught:
-                await api.list(NODES)
-            assert (caught.value.status, caught.value.reason) == (401, "Unauthorized")
-            await api.list(NODES)  # not resent by itself: the caller's retry gets through
-            await api.list(NODES)
-    assert [h["authorization"] for h in seen] == [
-        "Bearer token-1", "Bearer token-2", "Bearer token-2"]
-
-
-async def test_a_failing_exec_plugin_is_one_line_naming_it(tmp_path):
+def test_a_failing_exec_plugin_is_one_line_naming_it(tmp_path):
     user = exec_plugin(tmp_path, {"token": "t"}, exit_code=3)
-    connection = settings(write_kubeconfig(tmp_path / "cfg", "http://127.0.0.1:1", user))
-    with pytest.raises(KubeconfigError,
-                       match=rf"^exec plugin {sys.executable}: exit status 3: plugin says no$"):
-        await list_nodes(connection)
+    with pytest.raises(KubeconfigError) as caught:
+        settings(write_kubeconfig(tmp_path / "cfg", "http://127.0.0.1:1", user))
+    assert str(caught.value) == (f"user 'u': exec plugin {sys.executable!r}: exec: process "
+                                 "returned 3. plugin says no")
 
 
 @pytest.mark.parametrize(("user", "message"), [
     ({"auth-provider": {"name": "gcp"}}, "user 'u': auth-provider 'gcp' is not supported"),
-    ({"exec": {"apiVersion": "client.authentication.k8s.io/v1alpha1", "command": "x"}},
-     "user 'u': exec: apiVersion 'client.authentication.k8s.io/v1alpha1' is not supported"),
     ({"exec": {"apiVersion": "client.authentication.k8s.io/v1"}}, "user 'u': exec: no command"),
     ({"client-certificate-data": base64.b64encode(b"x").decode()},
      "user 'u': client-certificate and client-key go together"),
     ({"tokenFile": "missing"}, "user 'u': tokenFile {dir}/missing: No such file or directory"),
-], ids=["auth-provider", "exec-version", "exec-command", "cert-without-key", "token-file"])
+], ids=["auth-provider", "exec-command", "cert-without-key", "token-file"])
 def test_unusable_users_are_named(tmp_path, user, message):
     path = write_kubeconfig(tmp_path / "cfg", "https://127.0.0.1:6443", user)
     with pytest.raises(KubeconfigError) as error:
@@ -222,10 +211,18 @@ def test_in_cluster_settings_come_from_the_environment_and_the_service_account(t
     (tmp_path / "token").write_text("pod-token")
     (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(KubeconfigError, match=r"service account .*/ca.crt: "):
+        in_cluster(env, tmp_path)  # not a certificate
+    make_certificate(tmp_path, "ca", "DNS:kubernetes")[0].rename(tmp_path / "ca.crt")
     connection = in_cluster(env, tmp_path)
     assert connection.server == "https://[fd00::1]:443"
-    assert connection.token_file == tmp_path / "token"
-    assert connection.ca_pem == "-----BEGIN CERTIFICATE-----\n"
+    assert isinstance(connection.credentials, TokenFile)
+    assert connection.credentials.path == tmp_path / "token"
+    assert connection.tls is not None and connection.proxy is None
+    proxied = in_cluster({**env, "HTTPS_PROXY": "proxy:3128"}, tmp_path)
+    assert proxied.proxy == "http://proxy:3128"
+    assert in_cluster({**env, "HTTPS_PROXY": "proxy:3128", "NO_PROXY": "fd00::/64"},
+                      tmp_path).proxy is None
     (tmp_path / "token").write_text("")
     with pytest.raises(KubeconfigError, match=r"service account .*/token: empty\)$"):
         in_cluster(env, tmp_path)
