@@ -30,6 +30,16 @@ UUID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 """What the apiserver accepts for a ``shareID`` and what it generates for ``metadata.uid``:
 36 characters, lower-case hex in 8-4-4-4-12 groups."""
 
+# The rules below as one regular expression each, for the common case (every claim a sane
+# kubelet and API server send, on every call): the per-rule checks build messages, and
+# cost several times more (bench/RESULTS.md, "Trust").
+_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_LABEL_63: Final = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_FAST_LABEL: Final = re.compile(_LABEL_63)
+_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_POOL: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*(?:/{_LABEL}(?:\.{_LABEL})*)*")
+_REQUEST: Final = re.compile(rf"{_LABEL_63}(?:/{_LABEL_63})?")
+
 SHOWN_MAX: Final = 80
 """Characters of an offending value an error message shows."""
 
@@ -74,12 +84,16 @@ def _rule(errors: list[str], text: str, where: str, rule: str, limit: int) -> st
 
 def check_label(value: object, where: str) -> str:
     """A DNS-1123 label (namespace, device, request name): at most 63 characters."""
+    if isinstance(value, str) and _FAST_LABEL.fullmatch(value):
+        return value
     text = _string(value, where)
     return _rule(dns1123_label_errors(text), text, where, "DNS label", DNS1123_LABEL_MAX_LENGTH)
 
 
 def check_subdomain(value: object, where: str, limit: int = DNS1123_SUBDOMAIN_MAX_LENGTH) -> str:
     """A DNS-1123 subdomain (object names): at most ``limit`` characters."""
+    if isinstance(value, str) and len(value) <= limit and _SUBDOMAIN.fullmatch(value):
+        return value
     text = _string(value, where)
     errors = dns1123_subdomain_errors(text)
     if len(text) > limit:
@@ -108,6 +122,8 @@ def check_device(value: object, where: str = "device") -> str:
 
 def check_pool(value: object, where: str = "pool") -> str:
     """A pool name: at most 253 characters, DNS subdomains separated by ``/``."""
+    if isinstance(value, str) and len(value) <= POOL_NAME_MAX_LENGTH and _POOL.fullmatch(value):
+        return value
     text = _string(value, where)
     if len(text) > POOL_NAME_MAX_LENGTH or any(
             dns1123_subdomain_errors(part) for part in text.split("/")):
@@ -118,6 +134,8 @@ def check_pool(value: object, where: str = "pool") -> str:
 
 def check_request(value: object, where: str = "request") -> str:
     """An allocation result's request: ``req`` or ``req/subrequest``, each a DNS label."""
+    if isinstance(value, str) and _REQUEST.fullmatch(value):
+        return value
     text = _string(value, where)
     parts = text.split("/")
     if len(parts) > 2 or any(dns1123_label_errors(part) for part in parts):
@@ -135,18 +153,10 @@ def check_claim(namespace: object, name: object, uid: object) -> tuple[str, str,
     return check_namespace(namespace), check_name(name), check_uid(uid)
 
 
-# The same rules as one regular expression each, for the common case (every claim a sane
-# kubelet sends, on every call): the per-rule checks below build messages, and cost several
-# times more (bench/RESULTS.md, "Trust").
-_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_LABEL_63: Final = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
-_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
-
-
 def claim_problems(namespace: object, name: object, uid: object) -> list[str]:
     """Every problem with a claim's namespace, name and uid (empty when all are valid)."""
     if isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str) \
-            and len(name) <= DNS1123_SUBDOMAIN_MAX_LENGTH and _LABEL_63.fullmatch(namespace) \
+            and len(name) <= DNS1123_SUBDOMAIN_MAX_LENGTH and _FAST_LABEL.fullmatch(namespace) \
             and _SUBDOMAIN.fullmatch(name) and UUID_RE.fullmatch(uid):
         return []
     problems = []

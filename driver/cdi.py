@@ -434,7 +434,10 @@ def _uid_from_devices(spec: Mapping[str, Any]) -> str:
 def remove_spec(cdi_root: Path, driver: str, claim_uid: str) -> bool:
     """Delete a claim's spec; ``False`` when there was none (unprepare is idempotent)."""
     name = spec_file_name(driver, claim_uid)
-    path = child(cdi_root, name, "CDI spec name")
+    try:
+        path = child(cdi_root, name, "CDI spec name")
+    except UnsafePath as err:  # a caller's error for this claim, like any other here
+        raise CdiError(str(err)) from None
     try:
         os.unlink(path)  # noqa: PTH108 - per unprepare: no Path
     except FileNotFoundError:

@@ -32,7 +32,7 @@ from gpudra.api.identifiers import (
 from gpudra.api.quantity import QuantityError, parse_quantity
 from gpudra.driver.claims import AllocatedDevice, ClaimError, ClaimToPrepare, OpaqueConfig
 from gpudra.kubeletplugin import claim_schema
-from gpudra.kubeletplugin.claim_schema import DeviceConfig, DeviceResult, ResourceClaim
+from gpudra.kubeletplugin.claim_schema import DeviceConfig, DeviceResult
 
 CONSUMED_MAX = RESOURCE_SLICE_MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
 """Capacities one result may consume: no device has more capacities than this."""
@@ -49,37 +49,39 @@ def decode_claim(
     if not isinstance(raw, Mapping):
         raise ClaimError(f"claim {ref}: the API server's answer is not an object")
     try:
-        claim = ResourceClaim.model_validate(raw)
+        claim = claim_schema.validate(raw)
     except ValidationError as exc:
         raise ClaimError(f"claim {ref}: {claim_schema.problems(exc)}") from None
-    meta = claim.metadata
-    if meta.uid != uid:
+    meta = claim["metadata"]
+    have_uid = meta.get("uid")
+    if have_uid != uid:
         raise ClaimError(f"claim {ref}: the claim was replaced: the API server has uid "
-                         f"{shown(meta.uid) if meta.uid is not None else None} (metadata.uid)")
+                         f"{shown(have_uid) if have_uid is not None else None} (metadata.uid)")
     for key, asked in (("namespace", namespace), ("name", name)):
-        have = getattr(meta, key)
+        have = meta.get(key)
         if have is not None and have != asked:
             raise ClaimError(f"claim {ref}: the API server answered with another claim: "
                              f"metadata.{key} is {shown(have)}")
-    allocation = claim.status.allocation if claim.status is not None else None
-    if allocation is None or allocation.devices is None:
+    status = claim.get("status") or {}
+    allocation = status.get("allocation") or {}
+    devices_part = allocation.get("devices")
+    if not devices_part:
         raise ClaimError(f"claim {ref}: not allocated (status.allocation is empty)")
-    devices_part = allocation.devices
     mine = []
-    for i, result in enumerate(devices_part.results or ()):
-        if result.driver != driver:
+    for i, result in enumerate(devices_part.get("results") or ()):
+        if result["driver"] != driver:
             continue
         mine.append(_device(ref, i, result))
     if not mine:
         raise ClaimError(f"claim {ref}: no devices allocated for driver {driver} "
                          "(status.allocation.devices.results)")
-    configs = _configs(ref, devices_part.config or [], driver)
+    configs = _configs(ref, devices_part.get("config") or [], driver)
     pods = []
-    for i, entry in enumerate(claim.status.reservedFor or () if claim.status else ()):
-        if entry.resource == "pods" and entry.name is not None:
+    for i, entry in enumerate(status.get("reservedFor") or ()):
+        pod = entry.get("name")
+        if entry.get("resource") == "pods" and pod is not None:
             # Pod names become metric labels (usage): they must be what the API allows.
-            pods.append(_checked(ref, check_subdomain, entry.name,
-                                 f"status.reservedFor[{i}].name"))
+            pods.append(_checked(ref, check_subdomain, pod, f"status.reservedFor[{i}].name"))
     return ClaimToPrepare(uid=uid, namespace=namespace, name=name, devices=tuple(mine),
                           configs=configs, pods=tuple(pods))
 
@@ -94,15 +96,15 @@ def _checked(ref: str, check: Any, value: str, where: str) -> str:
 def _device(ref: str, i: int, result: DeviceResult) -> AllocatedDevice:
     where = f"status.allocation.devices.results[{i}]"
     for key in ("request", "pool", "device"):
-        if not getattr(result, key):
+        if not result[key]:
             raise ClaimError(f"claim {ref}: {where}.{key} is missing")
     return AllocatedDevice(
-        request=_checked(ref, check_request, result.request, f"{where}.request"),
-        pool=_checked(ref, check_pool, result.pool, f"{where}.pool"),
-        device=_checked(ref, check_device, result.device, f"{where}.device"),
-        admin_access=bool(result.adminAccess),
-        share_id=_share_id(ref, i, result.shareID),
-        consumed=_consumed(ref, i, result.consumedCapacity),
+        request=_checked(ref, check_request, result["request"], f"{where}.request"),
+        pool=_checked(ref, check_pool, result["pool"], f"{where}.pool"),
+        device=_checked(ref, check_device, result["device"], f"{where}.device"),
+        admin_access=bool(result.get("adminAccess")),
+        share_id=_share_id(ref, i, result.get("shareID")),
+        consumed=_consumed(ref, i, result.get("consumedCapacity")),
     )
 
 
@@ -148,11 +150,11 @@ def _configs(ref: str, entries: list[DeviceConfig], driver: str) -> tuple[Opaque
     """This driver's opaque configs, class configs first (lowest precedence), then the claim's."""
     found: list[OpaqueConfig] = []
     for i, entry in enumerate(entries):
-        opaque = entry.opaque
-        if opaque is None or opaque.driver != driver:
+        opaque = entry.get("opaque")
+        if opaque is None or opaque["driver"] != driver:
             continue  # other drivers' configs are theirs to judge
         where = f"status.allocation.devices.config[{i}]"
-        parameters = opaque.parameters
+        parameters = opaque.get("parameters")
         if not isinstance(parameters, dict):
             kind = type(parameters).__name__ if parameters is not None else "null"
             raise ClaimError(f"claim {ref}: {where}.opaque.parameters must be a JSON object, "
@@ -162,11 +164,11 @@ def _configs(ref: str, entries: list[DeviceConfig], driver: str) -> tuple[Opaque
             raise ClaimError(f"claim {ref}: {where}.opaque.parameters has {size} bytes, more "
                              f"than the API allows ({OPAQUE_PARAMETERS_MAX_LENGTH})")
         requests = tuple(_checked(ref, check_request, r, f"{where}.requests[{j}]")
-                         for j, r in enumerate(entry.requests or ()))
+                         for j, r in enumerate(entry.get("requests") or ()))
         found.append(OpaqueConfig(
             requests=requests,
             parameters=parameters,
-            source=entry.source or "FromClaim",
+            source=entry.get("source") or "FromClaim",
             position=i,
         ))
     # Stable sort keeps the order within each source; class configs rank below claim ones.

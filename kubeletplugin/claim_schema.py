@@ -1,4 +1,4 @@
-"""The parts of a ResourceClaim the node daemon reads, as strict pydantic models with the
+"""The parts of a ResourceClaim the node daemon reads, as a strict pydantic schema with the
 apiserver's bounds: one claim from the API server is checked against them before any of it
 is used, so a malformed one (a string where a list goes, 33 results, a device named like a
 path) is that claim's error, naming the field, never an exception that fails the kubelet's
@@ -8,14 +8,15 @@ Strict: no coercion (``"true"`` is not a bool, ``7`` not a string). Fields the d
 not read are ignored, whatever they hold, as are other drivers' opaque parameters (their
 nesting is bounded when the body is decoded: :mod:`gpudra.api.bounded_json`). What the
 models cannot say (identifier formats, quantities, this driver's configs) is checked by
-:mod:`.claim_decoding` on the validated model.
+:mod:`.claim_decoding` on the validated claim.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from gpudra.api.api_limits import (
     ALLOCATION_RESULTS_MAX_SIZE,
@@ -31,67 +32,87 @@ are bounded by their own rules."""
 
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX)]
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-
-
-class Metadata(_Model):
-    uid: Text | None = None
-    name: Text | None = None
-    namespace: Text | None = None
+# TypedDicts, not BaseModels: the same strict validation, and the claim stays plain dicts
+# and lists (no model objects built per claim, on every kubelet call).
+_STRICT: Final = ConfigDict(strict=True, extra="ignore")
 
 
-class DeviceResult(_Model):
+@with_config(_STRICT)
+class Metadata(TypedDict):
+    uid: NotRequired[Text | None]
+    name: NotRequired[Text | None]
+    namespace: NotRequired[Text | None]
+
+
+@with_config(_STRICT)
+class DeviceResult(TypedDict):
     request: Text
     driver: Text
     pool: Text
     device: Text
-    adminAccess: bool | None = None
+    adminAccess: NotRequired[bool | None]
     # Checked by the decoder, which words their errors as the apiserver's validation does.
-    shareID: Any = None
-    consumedCapacity: Any = None
+    shareID: NotRequired[Any]
+    consumedCapacity: NotRequired[Any]
 
 
-class OpaqueConfig(_Model):
+@with_config(_STRICT)
+class OpaqueConfig(TypedDict):
     driver: Text
-    parameters: Any = None
+    parameters: NotRequired[Any]
 
 
-class DeviceConfig(_Model):
-    source: Text | None = None
-    requests: Annotated[list[Text] | None, Field(max_length=DEVICE_REQUESTS_MAX_SIZE)] = None
-    opaque: OpaqueConfig | None = None
+@with_config(_STRICT)
+class DeviceConfig(TypedDict):
+    source: NotRequired[Text | None]
+    requests: NotRequired[Annotated[list[Text] | None, Field(max_length=DEVICE_REQUESTS_MAX_SIZE)]]
+    opaque: NotRequired[OpaqueConfig | None]
 
 
-class DeviceAllocation(_Model):
-    results: Annotated[list[DeviceResult] | None,
-                       Field(max_length=ALLOCATION_RESULTS_MAX_SIZE)] = None
-    config: Annotated[list[DeviceConfig] | None, Field(max_length=DEVICE_CONFIG_MAX_SIZE)] = None
+@with_config(_STRICT)
+class DeviceAllocation(TypedDict):
+    results: NotRequired[Annotated[list[DeviceResult] | None,
+                                   Field(max_length=ALLOCATION_RESULTS_MAX_SIZE)]]
+    config: NotRequired[Annotated[list[DeviceConfig] | None,
+                                  Field(max_length=DEVICE_CONFIG_MAX_SIZE)]]
 
 
-class Allocation(_Model):
-    devices: DeviceAllocation | None = None
+@with_config(_STRICT)
+class Allocation(TypedDict):
+    devices: NotRequired[DeviceAllocation | None]
 
 
-class Consumer(_Model):
-    resource: Text | None = None
-    name: Text | None = None
+@with_config(_STRICT)
+class Consumer(TypedDict):
+    resource: NotRequired[Text | None]
+    name: NotRequired[Text | None]
 
 
-class Status(_Model):
-    allocation: Allocation | None = None
-    reservedFor: Annotated[list[Consumer] | None, Field(max_length=RESERVED_FOR_MAX_SIZE)] = None
+@with_config(_STRICT)
+class Status(TypedDict):
+    allocation: NotRequired[Allocation | None]
+    reservedFor: NotRequired[Annotated[list[Consumer] | None,
+                                       Field(max_length=RESERVED_FOR_MAX_SIZE)]]
 
 
-class ResourceClaim(_Model):
+@with_config(_STRICT)
+class ResourceClaim(TypedDict):
     metadata: Metadata
-    status: Status | None = None
+    status: NotRequired[Status | None]
+
+
+_CLAIM: Final = TypeAdapter(ResourceClaim)
+
+
+def validate(raw: object) -> ResourceClaim:
+    """The parts of ``raw`` the daemon reads, checked; raises ``ValidationError``."""
+    return _CLAIM.validate_python(raw)
 
 
 _WORDS: Final = {
     "model_type": "must be an object", "model_attributes_type": "must be an object",
-    "dict_type": "must be an object", "list_type": "must be a list",
+    "dict_type": "must be an object", "typed_dict_type": "must be an object",
+    "list_type": "must be a list",
     "string_type": "must be a string", "bool_type": "must be true or false",
     "missing": "is missing",
 }

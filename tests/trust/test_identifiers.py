@@ -22,6 +22,7 @@ from gpudra.api.identifiers import (
     safe_component,
     shown,
 )
+from gpudra.api.name_formats import dns1123_label_errors, dns1123_subdomain_errors
 
 UID = "0b0e3a9c-1d2e-4f30-8a4b-5c6d7e8f9a0b"
 
@@ -96,19 +97,32 @@ def test_json_nested_deeper_than_the_bound_is_refused_before_decoding():
 
 
 NAMEISH = st.one_of(
-    st.from_regex(r"[a-z0-9][-a-z0-9.]{0,70}[a-z0-9]?", fullmatch=True),
+    st.from_regex(r"[a-z0-9][-a-z0-9./]{0,70}[a-z0-9]?", fullmatch=True),
     st.text(alphabet="abc-.0/A_", max_size=300), st.just("a" * 63), st.just("a" * 64),
     st.just(".".join(["a" * 63] * 4)), st.just(".".join(["a" * 63] * 4) + "a"))
 
 
+def passes(check, value) -> bool:
+    try:
+        check(value, "x")
+    except IdentifierError:
+        return False
+    return True
+
+
 @settings(max_examples=150, derandomize=True, database=None, deadline=None)
 @given(namespace=NAMEISH, name=NAMEISH, uid=st.one_of(st.uuids().map(str), NAMEISH))
-def test_the_fast_path_agrees_with_the_rules(namespace, name, uid):
-    """claim_problems' one-regex path says "valid" exactly when each rule does."""
-    rules_pass = True
-    for check, value in ((check_label, namespace), (check_subdomain, name), (check_uid, uid)):
-        try:
-            check(value, "x")
-        except IdentifierError:
-            rules_pass = False
-    assert (claim_problems(namespace, name, uid) == []) == rules_pass
+def test_the_fast_paths_agree_with_apimachinery_rules(namespace, name, uid):
+    """Each check's one-regex path says "valid" exactly when the apimachinery rules
+    (api/name_formats.py) do."""
+    for value in (namespace, name):
+        assert passes(check_label, value) == (dns1123_label_errors(value) == [])
+        assert passes(check_subdomain, value) == (dns1123_subdomain_errors(value) == [])
+        assert passes(check_pool, value) == (len(value) <= 253 and not any(
+            dns1123_subdomain_errors(part) for part in value.split("/")))
+        parts = value.split("/")
+        assert passes(check_request, value) == (len(parts) <= 2 and not any(
+            dns1123_label_errors(part) for part in parts))
+    rules = passes(check_label, namespace) and passes(check_subdomain, name) \
+        and passes(check_uid, uid)
+    assert (claim_problems(namespace, name, uid) == []) == rules
