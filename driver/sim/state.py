@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudra.driver import files
+
 SCHEMA = 1
 MAX_EVENTS = 1024
 """Oldest XID events are dropped beyond this; an event set that lags further misses them."""
@@ -195,9 +197,9 @@ class StateStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(self.dir, files.DIR_MODE)  # the simulated hardware: ours to change
         with self._mutex:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = files.open_created(self._lock_path, os.O_RDWR, files.FILE_MODE)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
@@ -229,7 +231,7 @@ class StateStore:
     def _write(self, state: NodeState, *, after_mtime_ns: int) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
         payload = json.dumps(state.to_json(), indent=1, sort_keys=True).encode()
-        with tmp.open("wb") as f:
+        with os.fdopen(files.open_created(tmp, os.O_WRONLY | os.O_TRUNC, 0o640), "wb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())

@@ -72,6 +72,13 @@ def modes(root: Path) -> dict[str, int]:
     return found
 
 
+def _all_modes(root: Path) -> dict[str, int]:
+    found = {".": stat.S_IMODE(root.lstat().st_mode)}
+    found.update({str(p.relative_to(root)): stat.S_IMODE(p.lstat().st_mode)
+                  for p in root.rglob("*")})
+    return found
+
+
 async def test_everything_the_daemon_creates_has_its_own_mode_under_umask_000(
         daemon, fake_api):
     with umask(0):  # the daemon and the processes it starts inherit it
@@ -83,6 +90,7 @@ async def test_everything_the_daemon_creates_has_its_own_mode_under_umask_000(
             assert [results[r.uid]["error"] for r in (mps, mig)] == ["", ""], daemon.output()
             data = modes(daemon.plugins / DRIVER)
             cdi = modes(daemon.cdi_root)
+            hardware = {k: v for k, v in _all_modes(daemon.sim_state).items()}
             assert (await kubelet.unprepare([mps, mig]))[mps.uid]["error"] == ""
     everything = {**{f"data/{k}": v for k, v in data.items()},
                   **{f"cdi/{k}": v for k, v in cdi.items()}}
@@ -107,5 +115,9 @@ async def test_everything_the_daemon_creates_has_its_own_mode_under_umask_000(
     assert any(n.startswith("gpu-locks/") for n in data) and any(
         n.startswith("checkpoint") for n in data)
     assert cdi["."] == 0o755
+    # The simulated hardware's state, which the daemon (through NVML) changes too.
+    assert hardware["."] == 0o750 and hardware["state.json"] == 0o640
+    assert hardware["state.lock"] == 0o600
+    assert {p: oct(m) for p, m in hardware.items() if m & 0o002} == {}
     specs = {k: v for k, v in cdi.items() if k.endswith(".json")}
     assert len(specs) == 2 and set(specs.values()) == {0o644}
