@@ -126,3 +126,26 @@ def test_the_fast_paths_agree_with_apimachinery_rules(namespace, name, uid):
     rules = passes(check_label, namespace) and passes(check_subdomain, name) \
         and passes(check_uid, uid)
     assert (claim_problems(namespace, name, uid) == []) == rules
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:'),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.text(alphabet='[]{}"\\a:,', max_size=4), inner, max_size=3),
+    max_leaves=20)
+
+
+def nesting(value) -> int:
+    if isinstance(value, list):
+        return 1 + max((nesting(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((nesting(v) for v in value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(value=JSON)
+def test_the_depth_scan_counts_nesting_not_brackets_in_strings(value):
+    body = json.dumps(value).encode()
+    assert bounded_json.depth(body) == nesting(value)
+    assert bounded_json.loads(body, max_depth=max(nesting(value), 1)) == value
