@@ -24,7 +24,7 @@ import structlog
 
 from gpudra.driver import cdi
 from gpudra.driver.checkpoint_codec import CheckpointCorrupt, CheckpointError
-from gpudra.driver.checkpoint_store import CheckpointStore
+from gpudra.driver.checkpoint_store import CheckpointStore, Unreadable
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.files import atomic_write
 from gpudra.driver.gpu_shares import ALL
@@ -114,14 +114,13 @@ def read_specs(cdi_root: Path, driver: str) -> tuple[list[ClaimSpec], list[str]]
 def open_checkpoint(store: CheckpointStore, *, facts: NodeFacts, nvml: Nvml,
                     inventory: NodeInventory, ask_api: AskApi | None,
                     ) -> tuple[HeldDevice, ...]:
-    """Open the checkpoint at start-up; when it cannot be read, rebuild it (:func:`recover`).
-    Returns the node's held set."""
+    """Open the checkpoint at start-up (:meth:`CheckpointStore.open`); when it cannot be
+    read, rebuild it (:func:`recover`). Returns the node's held set."""
     path = store.path
     error: CheckpointCorrupt | None = None
     try:
-        store.load()
-    except CheckpointCorrupt as exc:
-        error = exc
+        # Unreadable: nothing changed yet; an older layout is rewritten as the current one.
+        outcome = store.open()
     except RecursionError:
         # json recurses once per nesting level: a file nested that deep is not ours.
         error = CheckpointCorrupt(path, "JSON nested too deeply to be a checkpoint")
@@ -133,6 +132,9 @@ def open_checkpoint(store: CheckpointStore, *, facts: NodeFacts, nvml: Nvml,
         raise CheckpointUnusable(
             f"checkpoint {path}: {exc.strerror or exc}: make it a readable file the daemon "
             f"owns, or move it aside (mv {path} {path}.bad) and restart") from exc
+    else:
+        if isinstance(outcome, Unreadable):
+            error = outcome.error
     if error is not None:
         return recover(store, error, facts=facts, nvml=nvml, inventory=inventory,
                        ask_api=ask_api)
