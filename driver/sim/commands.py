@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpudra.driver import mps_process
+from gpudra.driver import files, mps_process
 from gpudra.driver.commands import CommandError
 from gpudra.driver.files import CHILD_UMASK
 from gpudra.driver.sim.mps_daemon import REPLY
@@ -37,15 +37,17 @@ class SimulatedCommandRunner:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with (self.state_dir / "commands.lock").open("w") as lock:
+        files.make_dirs(self.state_dir, files.DIR_MODE)
+        lock = files.open_created(self.state_dir / "commands.lock", os.O_RDWR)
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             path = self.state_dir / "commands.json"
             data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
             yield data
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, sort_keys=True))
-            tmp.replace(path)
+            files.atomic_write(path, json.dumps(data, sort_keys=True).encode(),
+                               tmp=path.with_suffix(".tmp"), mode=0o640, durable=False)
+        finally:
+            os.close(lock)  # closing releases the flock
 
     def time_slices(self) -> dict[str, int]:
         with self._locked() as data:
