@@ -36,12 +36,14 @@ from tests.integration.daemon import DRIVER, Daemon, claim_object
 from tests.trust.conftest import cdi_specs, hardware, tree
 
 GV = "resource.nvidia.com/v1beta1"
-EXAMPLES = 40
+EXAMPLES = 60
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 DEVICES = ["gpu-0", "gpu-1", "gpu-4", "gpu-0-mig-1g10gb-19-6", "gpu-0-mig-1g10gb-19-5",
            "gpu-1-mig-3g40gb-9-4", "gpu-1-mig-7g80gb-0-0", "gpu-42", "gpu-0-shared"]
+LABEL = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
+"""Any valid device or request name: the daemon must refuse unknown ones cleanly."""
 MARKER = "\x00DEEP\x00"
 """Stands for a value nested a thousand deep, spliced into the body as text."""
 
@@ -98,18 +100,22 @@ CONFIG = st.builds(
 def api_answer(draw: st.DrawFn, ref: ClaimRef) -> bytes | dict[str, Any] | None:
     """What the API server answers for ``ref``: None (not found), a claim (maybe broken in
     one field), or bytes that are no claim."""
-    kind = draw(st.sampled_from(["claim", "claim", "claim", "broken", "broken", "missing",
-                                 "bytes"]))
+    # Weighted towards claims the daemon prepares: those are what can touch hardware.
+    kind = ["claim"] * 6 + ["broken"] * 2 + ["missing", "bytes"]
+    kind = kind[draw(st.integers(0, len(kind) - 1))]
     if kind == "missing":
         return None
     if kind == "bytes":
         return draw(st.sampled_from([b"", b"null", b"[]", b"{", b"\"claim\"",
                                      deep_json(5000).encode(), b"{\"a\":" + b"1" * 200_000 +
                                      b"}"]))
-    devices = draw(st.lists(st.sampled_from(DEVICES), min_size=1, max_size=2, unique=True))
+    devices = draw(st.lists(st.sampled_from(DEVICES) | st.sampled_from(DEVICES[:4]) | LABEL,
+                            min_size=1, max_size=2, unique=True))
     obj = claim_object(ref.name or "x", devices=devices, namespace=ref.namespace or "default",
+                       request=draw(st.sampled_from(["gpu", "gpu/small"]) | LABEL),
+                       node="node-b" if draw(st.integers(0, 5)) == 5 else "node-a",
                        configs=draw(st.lists(CONFIG, max_size=2)),
-                       admin_access=draw(st.booleans()))
+                       admin_access=draw(st.integers(0, 4)) == 4)
     obj["metadata"]["uid"] = ref.uid
     if kind == "claim":
         return obj
@@ -134,19 +140,18 @@ def _has(container: Any, part: str | int) -> bool:
     return isinstance(container, list) and isinstance(part, int) and part < len(container)
 
 
-IDENTIFIER = st.one_of(st.just(None), HOSTILE_TEXT)
-"""None: a valid value; else one the kubelet should never send."""
-
-
 @st.composite
 def kubelet_call(draw: st.DrawFn) -> list[tuple[ClaimRef, bytes | dict[str, Any] | None]]:
+    """One to four claims; one in four has a hostile namespace, name or uid (or all)."""
     claims = []
     for i in range(draw(st.integers(1, 4))):
-        namespace, name, uid = (draw(IDENTIFIER), draw(IDENTIFIER), draw(IDENTIFIER))
-        ref = ClaimRef(namespace if isinstance(namespace, str) else "default",
-                       name if isinstance(name, str) else f"claim-{i}",
-                       uid if isinstance(uid, str) else str(uuid.UUID(int=draw(
-                           st.integers(0, 2**128 - 1)), version=4)))
+        fields = {"namespace": "default", "name": f"claim-{i}",
+                  "uid": str(uuid.UUID(int=draw(st.integers(0, 2**128 - 1)), version=4))}
+        if draw(st.integers(0, 3)) == 0:
+            for key in draw(st.sampled_from([["namespace"], ["name"], ["uid"],
+                                             ["namespace", "name", "uid"]])):
+                fields[key] = draw(HOSTILE_TEXT)
+        ref = ClaimRef(**fields)
         claims.append((ref, draw(api_answer(ref))))
     return claims
 
