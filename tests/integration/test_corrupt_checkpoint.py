@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from gpudra.api.claims import ClaimRef
@@ -355,3 +356,37 @@ async def test_shares_of_a_gpu_are_rebuilt_and_their_mps_daemon_kept(fake_api, c
         for pid in sim_daemons(daemon.plugins):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(daemon.base, ignore_errors=True)
+
+
+async def test_a_prepare_cut_short_is_rolled_back_from_the_api_servers_claim(daemon, fake_api):
+    """Killed after the compute mode was set and before the CDI spec: no spec survives, the
+    API server says the claim is allocated here and reserved, the GPU is in exclusive mode.
+    The claim is rebuilt as started and rolled back (mode back to Default); the kubelet's
+    retry then prepares it."""
+    daemon.start()
+    wait_for(lambda: published(fake_api, "gpu-0"))
+    baseline = hardware(daemon)
+    full = create_claim(fake_api, "full", devices=["gpu-0"], configs=[EXCLUSIVE])
+    daemon.stop()
+    daemon.env["GPUDRA_CRASH_AT"] = "prepare:after-settings"
+    daemon.start()
+    with pytest.raises(grpc.aio.AioRpcError):  # the daemon dies inside the call
+        await prepare(daemon, full)
+    assert daemon.process is not None and daemon.process.wait(10) != 0
+    daemon.stop_kubelet()
+    assert hardware(daemon)[0]["compute_mode"] != baseline[0]["compute_mode"]
+    assert specs(daemon) == []
+    checkpoint(daemon).write_bytes(b"\x00garbage")
+
+    del daemon.env["GPUDRA_CRASH_AT"]
+    daemon.start()
+    [line] = [e for e in daemon.events()[-400:]
+              if e.get("event", "").startswith("checkpoint unreadable")]
+    assert (line["rebuilt_claims"], line["rolled_back_claims"], line["held_unknown"]) == (
+        0, 1, 0), line
+    assert hardware(daemon) == baseline  # rolled back at start-up
+    assert (await prepare(daemon, full))[full.uid]["error"] == ""
+    assert hardware(daemon)[0]["compute_mode"] != baseline[0]["compute_mode"]
+    assert (await unprepare(daemon, full))[full.uid]["error"] == ""
+    assert hardware(daemon) == baseline
+    assert daemon.stop() == 0
