@@ -390,3 +390,21 @@ async def test_a_prepare_cut_short_is_rolled_back_from_the_api_servers_claim(dae
     assert (await unprepare(daemon, full))[full.uid]["error"] == ""
     assert hardware(daemon) == baseline
     assert daemon.stop() == 0
+
+
+async def test_without_the_api_server_the_specs_and_hardware_still_rebuild(daemon, fake_api):
+    """The API server refuses the lists at start-up: the claims are rebuilt from their CDI
+    specs and the hardware alone, and unprepare still puts the hardware back."""
+    full, mig, _, (baseline, held) = await prepared_then_killed(daemon, fake_api)
+    checkpoint(daemon).write_bytes(b"")
+    fake_api.fail_next(1, status=403, verb="list", resource="resourceclaims")
+    fake_api.fail_next(1, status=403, verb="list", resource="resourceslices")
+    daemon.start()
+    [line] = [e for e in daemon.events()[-400:]
+              if e.get("event", "").startswith("checkpoint unreadable")]
+    assert not line["api_claims_read"] and not line["slices_read"], line
+    assert (line["rebuilt_claims"], line["held_unknown"]) == (2, 0), line
+    assert hardware(daemon) == held
+    assert await unprepare(daemon, full, mig) == {full.uid: {"error": ""}, mig.uid: {"error": ""}}
+    assert hardware(daemon) == baseline
+    assert daemon.stop() == 0
