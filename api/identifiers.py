@@ -155,10 +155,6 @@ def check_claim(namespace: object, name: object, uid: object) -> tuple[str, str,
 
 def claim_problems(namespace: object, name: object, uid: object) -> list[str]:
     """Every problem with a claim's namespace, name and uid (empty when all are valid)."""
-    if isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str) \
-            and len(name) <= DNS1123_SUBDOMAIN_MAX_LENGTH and _FAST_LABEL.fullmatch(namespace) \
-            and _SUBDOMAIN.fullmatch(name) and UUID_RE.fullmatch(uid):
-        return []
     problems = []
     for check, value in ((check_namespace, namespace), (check_name, name), (check_uid, uid)):
         try:

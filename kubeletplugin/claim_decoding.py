@@ -94,14 +94,23 @@ def _checked(ref: str, check: Any, value: str, where: str) -> str:
 
 
 def _device(ref: str, i: int, result: DeviceResult) -> AllocatedDevice:
-    where = f"status.allocation.devices.results[{i}]"
-    for key in ("request", "pool", "device"):
-        if not result[key]:
-            raise ClaimError(f"claim {ref}: {where}.{key} is missing")
+    request, pool, device = result["request"], result["pool"], result["device"]
+    try:  # where is only built for an error: this runs for every device of every claim
+        check_request(request, "")
+        check_pool(pool, "")
+        check_device(device, "")
+    except IdentifierError:
+        where = f"status.allocation.devices.results[{i}]"
+        for key in ("request", "pool", "device"):
+            if not result[key]:
+                raise ClaimError(f"claim {ref}: {where}.{key} is missing") from None
+        _checked(ref, check_request, request, f"{where}.request")
+        _checked(ref, check_pool, pool, f"{where}.pool")
+        _checked(ref, check_device, device, f"{where}.device")
     return AllocatedDevice(
-        request=_checked(ref, check_request, result["request"], f"{where}.request"),
-        pool=_checked(ref, check_pool, result["pool"], f"{where}.pool"),
-        device=_checked(ref, check_device, result["device"], f"{where}.device"),
+        request=request,
+        pool=pool,
+        device=device,
         admin_access=bool(result.get("adminAccess")),
         share_id=_share_id(ref, i, result.get("shareID")),
         consumed=_consumed(ref, i, result.get("consumedCapacity")),
