@@ -102,7 +102,8 @@ class HttpClient:
         self._proxy = _Proxy(proxy) if proxy else None
         self._server = Server(base_url)
         if self._proxy is not None and not self._server.tls:
-            self._server = Server(base_url, absolute=True)
+            self._server = Server(base_url, absolute=True,
+                                  extra_head=self._proxy.authorization)
         self.max_body = max_body
         """Most bytes of one body, as sent and as unpacked, and of one line of a stream."""
         if self._server.tls and ssl_context is None:

@@ -53,8 +53,10 @@ class Server:
 
     __slots__ = ("_common", "_origin", "address", "prefix", "tls")
 
-    def __init__(self, base_url: str, *, absolute: bool = False) -> None:
-        """``absolute``: request targets are whole URLs (to an HTTP proxy)."""
+    def __init__(self, base_url: str, *, absolute: bool = False,
+                 extra_head: str = "") -> None:
+        """``absolute``: request targets are whole URLs (to an HTTP proxy);
+        ``extra_head``: header lines (CRLF-ended) every request carries."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise HttpError(f"server {base_url!r} is not an http or https URL")
@@ -64,7 +66,8 @@ class Server:
         self._origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if absolute else ""
         # What every request's head says after its request line.
         self._common = (f"\r\nHost: {parts.netloc.rpartition('@')[2]}\r\nUser-Agent: gpudra"
-                        "\r\nAccept-Encoding: gzip")
+                        "\r\nAccept-Encoding: gzip" + (f"\r\n{extra_head.rstrip()}"
+                                                         if extra_head else ""))
 
     def head(self, method: str, path: str, query: Sequence[tuple[str, str]],
              headers: Mapping[str, str] | None, body: bytes | None) -> bytes:

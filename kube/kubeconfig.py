@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpudra.kube.connection import SERVICE_ACCOUNT, Connection, KubeconfigError, in_cluster
+from gpudra.kube.credentials import Credentials
 from gpudra.kube.proxy import proxy_from_environment
 
 __all__ = ["SERVICE_ACCOUNT", "ClusterAccess", "KubeconfigError", "Plan", "plan", "resolve"]
@@ -80,11 +81,20 @@ class Plan:
     """The user's ``tokenFile`` (without a ``token``): re-read as it changes, as client-go
     does (the package reads it once)."""
 
+    @property
+    def files(self) -> str:
+        return os.pathsep.join(str(p) for p, _ in self.documents)
+
     def load(self) -> ClusterAccess:
+        """Loaded in this process (the command-line tools)."""
         return _load(self)
 
-    def connection(self) -> Connection:
-        return self.load().connection
+    def in_child(self) -> Callable[[], Connection]:
+        """Loaded in a child process, started now; the result's call waits for it (the
+        node daemon: the package stays out of its memory)."""
+        from gpudra.kube.kubeconfig_child import ChildLoad
+
+        return ChildLoad(self)
 
 
 def plan(flag: str | Path | None = None, *, context: str | None = None,
@@ -188,19 +198,59 @@ def _all_named(documents: Sequence[tuple[Path, Mapping[str, Any]]],
 
 
 def _load(found: Plan) -> ClusterAccess:
-    """Load a checked kubeconfig with the ``kubernetes`` package."""
+    """Load a checked kubeconfig with the ``kubernetes`` package, in this process."""
+    from gpudra.kube.credentials import LoadedCredentials, TokenFile
+
+    settings, configuration = loaded_settings(found)
+    credentials: Credentials | None = None
+    if found.token_file is not None:
+        credentials = TokenFile(found.token_file)
+    elif settings.authorization:
+        credentials = LoadedCredentials(configuration)
+    return ClusterAccess(settings.connection(credentials, found.environ),
+                         found.namespace or settings.namespace or "default",
+                         f"context {found.context} in {found.files}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the ``kubernetes`` loader made of a kubeconfig, as plain data (a child process
+    hands it to the node daemon as JSON: :mod:`gpudra.kube.kubeconfig_child`)."""
+
+    server: str
+    namespace: str = ""
+    ca_pem: str = ""
+    cert_pem: str = ""
+    key_pem: str = ""
+    verify: bool = True
+    tls_server_name: str = ""
+    proxy_url: str = ""
+    authorization: str = ""
+    expires: float | None = None
+    """When an exec plugin's credential expires (``time.time()``); None: it does not."""
+
+    def connection(self, credentials: Credentials | None,
+                   environ: Mapping[str, str]) -> Connection:
+        tls = _tls(self) if self.server.startswith("https:") else None
+        return Connection(server=self.server, tls=tls,
+                          tls_server_name=self.tls_server_name or None,
+                          proxy=self.proxy_url or proxy_from_environment(self.server, environ),
+                          credentials=credentials)
+
+
+def loaded_settings(found: Plan) -> tuple[Settings, Any]:
+    """The kubeconfig loaded by the ``kubernetes`` package: its settings, and the
+    package's ``Configuration`` (which refreshes an exec plugin's credential)."""
     from kubernetes.client import Configuration
     from kubernetes.config.config_exception import ConfigException
     from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
-    files = os.pathsep.join(str(p) for p, _ in found.documents)
-    merged = KubeConfigMerger(files).config  # type: ignore[no-untyped-call]
+    merged = KubeConfigMerger(found.files).config  # type: ignore[no-untyped-call]
     chosen = found.context
     body = (_named(merged.value, "contexts", chosen) or {}).get("context") or {}
     cluster_name, user_name = body.get("cluster"), body.get("user")
     cluster = _named(merged.value, "clusters", str(cluster_name)) or {}
     user = _named(merged.value, "users", str(user_name)) if user_name else None
-    namespace, environ = found.namespace, found.environ
     configuration = Configuration()
     try:
         with _plugin_errors() as plugin_errors:
@@ -210,28 +260,28 @@ def _load(found: Plan) -> ClusterAccess:
     except (ConfigException, ValueError, OSError) as exc:
         raise KubeconfigError(f"context {chosen}: {' '.join(str(exc).split())}") from exc
     user_body = (user or {}).get("user") or {}
-    has_credential = (configuration.api_key.get("BearerToken") or configuration.cert_file)
-    if user_body.get("exec") and not has_credential:
+    authorization = configuration.api_key.get("BearerToken") or ""
+    if user_body.get("exec") and not (authorization or configuration.cert_file):
         detail = "; ".join(plugin_errors) or "no token or client certificate"
         raise KubeconfigError(f"user {user_name!r}: exec plugin "
                               f"{user_body['exec'].get('command')!r}: {detail}")
-    server = str(configuration.host)
-    where = f"cluster {cluster_name!r}"
-    tls = _tls(configuration, where) if server.startswith("https:") else None
-    proxy = configuration.proxy if "proxy-url" in (cluster.get("cluster") or {}) else None
-    from gpudra.kube.credentials import Credentials, LoadedCredentials, TokenFile
-
-    credentials: Credentials | None = None
-    if found.token_file is not None:
-        credentials = TokenFile(found.token_file)
-    elif configuration.api_key.get("BearerToken"):
-        credentials = LoadedCredentials(configuration)
-    return ClusterAccess(
-        Connection(server=server, tls=tls,
-                   tls_server_name=configuration.tls_server_name or None,
-                   proxy=proxy or proxy_from_environment(server, environ),
-                   credentials=credentials),
-        namespace or body.get("namespace") or "default", f"context {chosen} in {files}")
+    expiry = getattr(loader, "expiry", None)  # set from an exec plugin's answer
+    texts = {}
+    for key, path in (("ca_pem", configuration.ssl_ca_cert), ("cert_pem", configuration.cert_file),
+                      ("key_pem", configuration.key_file)):
+        try:
+            texts[key] = Path(path).read_text() if path else ""
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KubeconfigError(f"cluster {cluster_name!r}: {key.removesuffix('_pem')} "
+                                  f"{path}: {exc}") from exc
+    cluster_body = cluster.get("cluster") or {}
+    return Settings(
+        server=str(configuration.host), namespace=str(body.get("namespace") or ""),
+        verify=bool(configuration.verify_ssl),
+        tls_server_name=str(configuration.tls_server_name or ""),
+        proxy_url=str(configuration.proxy or "") if "proxy-url" in cluster_body else "",
+        authorization=str(authorization),
+        expires=expiry.timestamp() if expiry is not None else None, **texts), configuration
 
 
 def _entries(config: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -285,22 +335,35 @@ def _check_entry(kind: str, name: str, body: Mapping[str, Any], source: Path) ->
                                       f"{exc.strerror or exc}") from exc
 
 
-def _tls(configuration: Any, where: str) -> ssl.SSLContext:
-    """The TLS context the loaded configuration describes; a file that is not what its
-    field says is an error naming it."""
+def _tls(settings: Settings) -> ssl.SSLContext:
+    """The TLS context the settings describe; what is not what its field says is an error
+    naming it."""
     try:
-        context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise KubeconfigError(f"{where}: certificate-authority: {exc}") from exc
-    if not configuration.verify_ssl:
+        context = ssl.create_default_context(cadata=settings.ca_pem or None)
+    except (ValueError, ssl.SSLError) as exc:
+        raise KubeconfigError(f"certificate-authority: {exc}") from exc
+    if not settings.verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    if configuration.cert_file and configuration.key_file:
+    if settings.cert_pem and settings.key_pem:
         try:
-            context.load_cert_chain(configuration.cert_file, configuration.key_file)
+            _load_chain(context, settings.cert_pem, settings.key_pem)
         except (OSError, ssl.SSLError) as exc:
             raise KubeconfigError(f"client-certificate and client-key: {exc}") from exc
     return context
+
+
+def _load_chain(context: ssl.SSLContext, cert_pem: str, key_pem: str) -> None:
+    """Load an in-memory certificate and key: ``ssl`` only reads them from files, so
+    through a private temporary directory removed at once."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpudra-tls-") as directory:
+        cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+        for path, text in ((cert, cert_pem), (key, key_pem)):
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(text)
+        context.load_cert_chain(cert, key)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpudra.kube.connection import SERVICE_ACCOUNT, KubeconfigError, in_cluster
-from gpudra.kube.kubeconfig import config_files, plan
+from gpudra.kube.kubeconfig import Plan, config_files, plan
 
 if TYPE_CHECKING:
     from gpudra.kube.session import ApiSession, ConnectionSource
@@ -29,9 +29,9 @@ def check_api_access(kubeconfig: str | None, *, environ: Mapping[str, str] | Non
                      home: Path | None = None,
                      service_account: Path = SERVICE_ACCOUNT) -> ConnectionSource:
     """The connection ``kubeconfig`` (None: ``~/.kube/config`` if there is one, else the
-    pod's in-cluster service account) gives, or a checked kubeconfig to load once the
-    kubelet sockets are served (the ``kubernetes`` package takes a second or more to
-    import); :class:`ApiAccessError` when the daemon could not use it."""
+    pod's in-cluster service account) gives, or a checked kubeconfig that a child process
+    loads meanwhile (:mod:`gpudra.kube.kubeconfig_child`), for the first API call to wait
+    for; :class:`ApiAccessError` when the daemon could not use it."""
     environ = dict(os.environ if environ is None else environ)
     home = Path(environ.get("HOME") or Path.home()) if home is None else home
     flag: str | None = kubeconfig
@@ -47,7 +47,8 @@ def check_api_access(kubeconfig: str | None, *, environ: Mapping[str, str] | Non
     where = f"--kubeconfig {kubeconfig}" if kubeconfig else "kubeconfig"
     try:
         found = plan(flag, environ=environ, home=home, service_account=service_account)
-        return found.connection  # a Plan's is its (bound) loader
+        # A kubeconfig is loaded by the kubernetes package in a child process, from now.
+        return found.in_child() if isinstance(found, Plan) else found.connection
     except KubeconfigError as exc:
         message = _one_line(exc)
         # resolve() names the file itself; the flag is what the operator typed.

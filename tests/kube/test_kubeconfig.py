@@ -229,13 +229,30 @@ async def test_a_session_reaches_the_server_of_the_chosen_context(tmp_path, home
             assert (await RawApi(session).list(NODES))["kind"] == "NodeList"
 
 
-async def test_a_checked_kubeconfig_loads_on_the_sessions_first_request(tmp_path, home):
+async def test_a_checked_kubeconfig_loads_in_a_child_for_the_sessions_first_request(
+        tmp_path, home):
     with FakeApiServer() as api:
-        path = kubeconfig(tmp_path / "cfg", current="ctx", server=api.url, named_paths=False)
+        path = kubeconfig(tmp_path / "cfg", current="ctx", server=api.url, named_paths=False,
+                          user={"token": "from-child"})
         found = plan(path, environ=env(), home=home)
         assert isinstance(found, Plan)
-        async with ApiSession(found.connection) as session:
+        async with ApiSession(found.in_child()) as session:
             assert (await RawApi(session).list(NODES))["kind"] == "NodeList"
+            assert session._connection is not None
+            assert await session._connection.credentials.header() == "Bearer from-child"
+
+
+def test_a_failure_in_the_child_is_one_line_naming_it(tmp_path, home):
+    plugin = {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                       "command": str(tmp_path / "no-such-plugin")}}
+    path = kubeconfig(tmp_path / "cfg", current="ctx", user=plugin)
+    found = plan(path, environ=env(), home=home)
+    assert isinstance(found, Plan)
+    with pytest.raises(KubeconfigError) as caught:
+        found.in_child()()
+    message = str(caught.value)
+    assert message.startswith(f"user 'u': exec plugin '{tmp_path}/no-such-plugin': ")
+    assert "\n" not in message
 
 
 def test_a_client_certificate_that_is_not_one_is_named(tmp_path, home):
