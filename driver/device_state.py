@@ -16,21 +16,25 @@ boot id, so the checkpoint drops every claim and start-up removes every spec. Un
 undoes a call's claims under one hold of their GPUs and commits once.
 
 What a claim does to a GPU, and its undo, is :mod:`gpudra.driver.claim_hardware`'s;
-start-up reconciliation is :mod:`gpudra.driver.reconcile`'s.
+start-up reconciliation is :mod:`gpudra.driver.reconcile`'s; the node's state is built
+whole, after reconciliation, by :mod:`gpudra.driver.node_factory`.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
 from gpudra.api.claims import PreparedDevice
 from gpudra.driver import cdi, metrics, shares
+from gpudra.driver.checkpoint_codec import CheckpointError
 from gpudra.driver.checkpoint_model import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -40,23 +44,21 @@ from gpudra.driver.checkpoint_model import (
     with_claim,
     with_claim_completed,
     with_claim_started,
-    with_mig_mode_baseline,
     without_claim,
 )
 from gpudra.driver.checkpoint_store import CheckpointStore
+from gpudra.driver.claim_commit import ClaimCommit
 from gpudra.driver.claim_hardware import ClaimHardware, planned_device, touches_hardware
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
-from gpudra.driver.commands import CommandError, CommandRunner
-from gpudra.driver.device_model import ModelOptions
-from gpudra.driver.devices import Device
+from gpudra.driver.commands import CommandError
 from gpudra.driver.driver_root import DriverRoot, uses_video
 from gpudra.driver.faults import crash_point, delay_point
 from gpudra.driver.gpu_locks import GpuLocks, GpuLockTimeout
 from gpudra.driver.held import HeldDevice, kept_mig_instances
 from gpudra.driver.held import conflict as held_conflict
-from gpudra.driver.inventory import NodeInventory
-from gpudra.driver.mps import MpsManager
-from gpudra.driver.nvml import Nvml, NvmlError
+from gpudra.driver.inventory import PcieRootResolver, with_answering_gpus
+from gpudra.driver.node_view import NodeView
+from gpudra.driver.nvml import NvmlError
 from gpudra.driver.prepare_plan import (
     DeviceStep,
     DynamicMigTarget,
@@ -87,41 +89,90 @@ def _utc_second(second: int) -> str:
 class DeviceState:
     """The node's prepared claims and the hardware state behind them.
 
-    Feature gates that are off are refused per claim before anything changes:
-    ``commands=None`` (``TimeSlicingSettings``), ``mps=None`` (``MPSSupport``),
-    ``compute_modes=False`` (``ComputeModeSettings``).
+    Built whole, after start-up reconciliation, by
+    :func:`gpudra.driver.node_factory.build_device_state`; nothing is set on it afterwards.
+    Its devices are one immutable :class:`NodeView`, swapped by :meth:`refresh_gpus`.
+    Feature gates that are off are refused per claim by ``hardware`` (see
+    :class:`~gpudra.driver.claim_hardware.ClaimHardware`).
     """
 
     def __init__(
         self,
         *,
         driver: str,
-        nvml: Nvml,
-        index: NodeIndex,
+        view: NodeView,
         store: CheckpointStore,
+        hardware: ClaimHardware,
+        gpu_locks: GpuLocks,
         cdi_root: Path,
         driver_root: DriverRoot,
-        commands: CommandRunner | None = None,
-        mps: MpsManager | None = None,
-        compute_modes: bool = True,
+        pcie_root: PcieRootResolver,
+        held: tuple[HeldDevice, ...] = (),
         lock_timeout: float = 30.0,
     ) -> None:
         self.driver = driver
-        self.index = index
+        self._view = view
         self.store = store
+        self.hardware = hardware
+        self.gpu_locks = gpu_locks
         self.cdi_root = cdi_root
         self.driver_root = driver_root
-        self.hardware = ClaimHardware(nvml=nvml, commands=commands, mps=mps,
-                                      compute_modes=compute_modes)
-        self._lock_timeout = lock_timeout
-        self.gpu_locks = GpuLocks(store.directory / "gpu-locks")
-        self.inventory: NodeInventory | None = None
-        """What ``index`` was built from, with ``model_options``, when the node set it: GPUs
-        that could not be read are in ``inventory.unavailable``, to add once they answer."""
-        self.model_options = ModelOptions()
-        self.held: tuple[HeldDevice, ...] = ()
+        self._pcie_root = pcie_root
+        self.held = held
         """Hardware held for claims the node cannot name: never destroyed, never prepared."""
-        self._by_name: tuple[NodeIndex, Mapping[str, Device]] | None = None
+        self._lock_timeout = lock_timeout
+        self._refreshing = threading.Lock()
+
+    # --- the devices -----------------------------------------------------------------------
+
+    @property
+    def view(self) -> NodeView:
+        """The node's devices now; take it once and use that (another thread may swap it)."""
+        return self._view
+
+    @property
+    def index(self) -> NodeIndex:
+        return self._view.index
+
+    def watched_gpus(self) -> list[str]:
+        """Every physical GPU, also those that publish only static MIG and those that do not
+        answer yet: what the health watcher watches."""
+        return self._view.watched_gpus()
+
+    def refresh_gpus(self) -> bool:
+        """Publish GPUs that could not be read at start-up once they answer; True when the
+        devices changed (the view is then swapped whole). Blocking NVML reads of those GPUs
+        only: call it off the event loop, e.g. from the health watcher's thread when a lost
+        GPU answers again."""
+        with self._refreshing:  # one refresher at a time: none builds on a stale view
+            view = self._view
+            nvml = self.hardware.nvml
+            answering = [g.uuid for g in view.inventory.unavailable
+                         if g.uuid is not None and nvml.why_unavailable(g.uuid) is None]
+            if not answering:
+                return False
+            try:
+                # Claims on it may have been unprepared while it was gone: clean up first,
+                # so what they left is not published as an admin's MIG layout.
+                destroyed = self.clean_up_gpus(answering)
+                updated = with_answering_gpus(nvml, view.inventory, pcie_root=self._pcie_root)
+            except (NvmlError, GpuLockTimeout, CheckpointError, OSError) as exc:
+                log.warning("cannot add GPUs that answer again; trying on the next change",
+                            gpus=answering, error=str(exc))
+                return False
+            if destroyed:
+                log.info("destroyed MIG devices no prepared claim owns", uuids=destroyed)
+            if updated is view.inventory:
+                return False
+            # The GPUs already published are built exactly as before; MIG devices prepared
+            # since start-up count as ours on the new ones.
+            options = replace(view.options, owned_mig_uuids=frozenset(
+                view.options.owned_mig_uuids) | self.owned_mig_uuids())
+            self._view = NodeView.build(view.index.pool, updated, options)
+        back = {g.probe.uuid for g in updated.gpus} - {g.probe.uuid for g in view.inventory.gpus}
+        for uuid in sorted(back):
+            log.info("GPU answers NVML again; publishing its devices", gpu=uuid)
+        return True
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -141,9 +192,15 @@ class DeviceState:
 
     def owned_mig_uuids(self) -> set[str]:
         """MIG devices prepared claims hold: published as dynamic, not as static MIG."""
-        cp = self.store.load()
-        return {d.mig.mig_uuid for r in cp.completed().values() for d in r.devices
-                if d.mig is not None and d.mig.created and d.mig.mig_uuid}
+        return owned_mig_uuids(self.store.load())
+
+    def records(self) -> Mapping[str, ClaimRecord]:
+        """Every claim the checkpoint holds now, started or prepared, by uid."""
+        return self.store.load().claims
+
+    def completed(self) -> dict[str, ClaimRecord]:
+        """The prepared claims (``PrepareCompleted``) now, by uid."""
+        return self.store.load().completed()
 
     # --- prepare ---------------------------------------------------------------------------
 
@@ -164,97 +221,74 @@ class DeviceState:
         durable write per call instead of one per claim. Until then their only side effect
         is their CDI spec, which reconcile removes if the process dies first.
         """
-        out: dict[str, Prepared | ClaimError] = {}
+        view = self._view  # one index for the whole call
         try:
             # Different GPUs proceed in parallel (other kubelet calls, the other daemon
             # instance); anything on the same GPU waits here.
-            with self.gpu_locks.hold(self._parents_of(claims), self._lock_timeout), \
+            with self.gpu_locks.hold(_parents_of(claims, view.index), self._lock_timeout), \
                     self.driver_root.one_look():
-                self._prepare_held(claims, out)
+                return self._prepare_held(claims, view)
         except GpuLockTimeout as exc:
-            for claim in claims:
-                out.setdefault(claim.uid, ClaimError(f"claim {claim.ref}: {exc}; will retry"))
-        return out
+            return {claim.uid: ClaimError(f"claim {claim.ref}: {exc}; will retry")
+                    for claim in claims}
 
     def _prepare_held(
-        self, claims: Sequence[ClaimToPrepare], out: dict[str, Prepared | ClaimError],
-    ) -> None:
+        self, claims: Sequence[ClaimToPrepare], view: NodeView,
+    ) -> dict[str, Prepared | ClaimError]:
         # A lockless read (a consistent state, see checkpoint_store): what it could miss is
         # another instance's commit in progress, and on these GPUs none can be, as we hold
         # them. Commits below merge into a fresh read under the lock.
         cp = self.store.load()
-        deferred: list[str] = []
+        results: dict[str, Prepared | ClaimError] = {}
+        deferred: list[ClaimToPrepare] = []
         try:
             for claim in claims:
                 try:
-                    out[claim.uid], cp, later = self._prepare_locked(claim, cp)
+                    results[claim.uid], cp, later = self._prepare_locked(claim, cp, view)
                 except ClaimError as exc:
-                    out[claim.uid] = exc
+                    results[claim.uid] = exc
                     continue
                 except (NvmlError, CommandError, cdi.CdiError, OSError) as exc:
                     # One claim's failure is that claim's error; it must not lose the
                     # results (and deferred checkpoint state) of the others.
-                    out[claim.uid] = ClaimError(f"claim {claim.ref}: {exc}")
+                    results[claim.uid] = ClaimError(f"claim {claim.ref}: {exc}")
                     continue
                 if later:
-                    deferred.append(claim.uid)
+                    deferred.append(claim)
         finally:
             if deferred:
-                self._commit_deferred(cp, deferred, claims, out)
+                results.update(self._commit_deferred(cp, deferred))
         metrics.PREPARED_CLAIMS.set(cp.completed_count())
+        return results
 
     def _commit_deferred(
-        self, cp: Checkpoint, uids: Sequence[str], claims: Sequence[ClaimToPrepare],
-        out: dict[str, Prepared | ClaimError],
-    ) -> None:
-        """Sync the call's specs, then mark its claims prepared in one checkpoint commit."""
+        self, cp: Checkpoint, claims: Sequence[ClaimToPrepare],
+    ) -> dict[str, ClaimError]:
+        """Sync the call's specs, then mark its claims prepared in one checkpoint commit;
+        the claims that failed instead (their specs removed)."""
         try:
             # Specs durable before the commit that hands them out; a crash in between
             # leaves specs no completed claim owns, which reconcile removes.
             cdi.sync_root(self.cdi_root)
             crash_point("prepare:after-cdi-sync")
         except cdi.CdiError as exc:
-            refs = {c.uid: c.ref for c in claims}
-            for uid in uids:
-                out[uid] = ClaimError(f"claim {refs[uid]}: {exc}")
-                cdi.remove_spec(self.cdi_root, self.driver, uid)
-            return
-        self._persist_many(cp, uids)
-
-    def _parents_of(self, claims: Iterable[ClaimToPrepare]) -> set[str]:
-        """The physical GPUs a set of claims touches (unknown devices fail later, in plan)."""
-        parents = set()
+            for claim in claims:
+                cdi.remove_spec(self.cdi_root, self.driver, claim.uid)
+            return {claim.uid: ClaimError(f"claim {claim.ref}: {exc}") for claim in claims}
+        batch = self._commit(cp)
         for claim in claims:
-            for device in claim.devices:
-                target = self.index.targets.get(device.device)
-                if target is not None:
-                    parents.add(target.uuid if isinstance(target, GpuTarget)
-                                else target.parent_uuid)
-        return parents
+            batch.put(cp.claims[claim.uid])
+        batch.commit()
+        return {}
 
-    def _persist(self, cp: Checkpoint, uid: str, record: ClaimRecord | None) -> None:
-        """Write one claim's record (or its removal) into the checkpoint on disk.
-
-        Merged into a fresh read, never a blind overwrite with ``cp``: calls on other GPUs
-        update their own claims concurrently. ``cp`` is authoritative for this claim and
-        for the MIG-mode baselines of the GPUs this call holds.
-        """
-        with self.store.locked(self._lock_timeout):
-            fresh = self.store.load()
-            for gpu, enabled in cp.mig_mode_baseline.items():
-                fresh = with_mig_mode_baseline(fresh, gpu, enabled)
-            fresh = without_claim(fresh, uid) if record is None else with_claim(fresh, record)
-            self.store.save(fresh)
-
-    def _persist_many(self, cp: Checkpoint, uids: Sequence[str]) -> None:
-        with self.store.locked(self._lock_timeout):
-            fresh = self.store.load()
-            claims = dict(fresh.claims)
-            claims.update({uid: cp.claims[uid] for uid in uids})
-            self.store.save(fresh.model_copy(update={"claims": claims}))
+    def _commit(self, cp: Checkpoint) -> ClaimCommit:
+        """A commit carrying ``cp``'s MIG-mode baselines: ``cp`` is authoritative for those
+        of the GPUs this call holds (see :class:`ClaimCommit` for the merge)."""
+        return ClaimCommit(self.store, lock_timeout=self._lock_timeout).baselines(
+            cp.mig_mode_baseline)
 
     def _prepare_locked(
-        self, claim: ClaimToPrepare, cp: Checkpoint
+        self, claim: ClaimToPrepare, cp: Checkpoint, view: NodeView,
     ) -> tuple[Prepared, Checkpoint, bool]:
         existing = cp.claims.get(claim.uid)
         if existing is not None and existing.state == PREPARE_COMPLETED:
@@ -263,10 +297,10 @@ class DeviceState:
             log.warning("rolling back an interrupted prepare", claim=claim.ref)
             self._undo(existing, cp)
             cp = without_claim(cp, claim.uid)
-            self._persist(cp, claim.uid, None)
-        plan = plan_claim(claim, self.index)
+            self._commit(cp).remove(claim.uid).commit()
+        plan = plan_claim(claim, view.index)
         self._check_conflicts(plan, cp)
-        return self._execute(plan, cp)
+        return self._execute(plan, cp, view)
 
     def _check_conflicts(self, plan: PreparePlan, cp: Checkpoint) -> None:
         """The last line of defence: never hand out what another prepared claim holds."""
@@ -301,7 +335,7 @@ class DeviceState:
                         f"{held_device.device!r} of claim {holder.ref} on GPU {step.parent_uuid}")
 
     def _execute(
-        self, plan: PreparePlan, cp: Checkpoint
+        self, plan: PreparePlan, cp: Checkpoint, view: NodeView,
     ) -> tuple[Prepared, Checkpoint, bool]:
         """Do it; returns the results, the new checkpoint and whether saving it is left to
         the caller (claims that touch no hardware)."""
@@ -316,7 +350,7 @@ class DeviceState:
         cp = with_claim_started(cp, record)
         hardware = touches_hardware(plan, cp)
         if hardware:
-            self._persist(cp, claim.uid, record)
+            self._commit(cp).put(record).commit()
         # else: the only side effect is the CDI spec, and a crash before PrepareCompleted
         # leaves a spec no completed claim owns, which reconcile removes; skipping this
         # durable write saves two fsyncs on the common full-GPU path.
@@ -327,11 +361,11 @@ class DeviceState:
         started = cp
         try:
             record = self.hardware.apply(
-                plan, progress, lambda done: self._persist(started, done.uid, done), cp=cp)
+                plan, progress, lambda done: self._commit(started).put(done).commit(), cp=cp)
             cp = with_claim(cp, record)
             specs = [self._cdi_device(claim.uid, step, device)
                      for step, device in zip(plan.steps, record.devices, strict=True)]
-            published = self._published()
+            published = view.by_name
             video = uses_video(published[s.allocated.device] for s in plan.steps
                                if s.allocated.device in published)
             spec = cdi.build_claim_spec(driver=self.driver, claim_uid=claim.uid, devices=specs,
@@ -345,7 +379,7 @@ class DeviceState:
             # Undo what was really done: the latest record, not the plan we started from.
             self._undo(progress[-1], cp)
             if hardware:
-                self._persist(cp, claim.uid, None)
+                self._commit(cp).remove(claim.uid).commit()
             if isinstance(exc, ClaimError):
                 raise
             raise ClaimError(f"claim {claim.ref}: {exc}") from exc
@@ -357,15 +391,8 @@ class DeviceState:
         ]
         cp = with_claim_completed(cp, claim.uid, qualified)
         if hardware:
-            self._persist(cp, claim.uid, cp.claims[claim.uid])
+            self._commit(cp).put(cp.claims[claim.uid]).commit()
         return tuple(d.prepared() for d in qualified), cp, not hardware
-
-    def _published(self) -> Mapping[str, Device]:
-        """The node's devices by name, built once per index (not per claim)."""
-        index = self.index
-        if self._by_name is None or self._by_name[0] is not index:
-            self._by_name = (index, index.devices.by_name())
-        return self._by_name[1]
 
     def _cdi_device(self, uid: str, step: DeviceStep, device: DeviceRecord) -> cdi.CdiDevice:
         target = step.target
@@ -395,50 +422,47 @@ class DeviceState:
     def unprepare_many(self, uids: Sequence[str]) -> dict[str, ClaimError | None]:
         """Undo a kubelet call's claims under one hold of their GPUs and commit once; each
         claim's failure is its own (``None``: done). Unknown claims are fine (idempotent)."""
-        out: dict[str, ClaimError | None] = {}
         claims = self.store.load().claims
         records = {uid: claims[uid] for uid in uids if uid in claims}
-        for uid in uids:
-            if uid not in records:
-                out[uid] = self._remove_spec(uid)
+        results = {uid: self._remove_spec(uid) for uid in uids if uid not in records}
         if not records:
-            return out
+            return results
         parents = {str(d.parent_uuid or d.uuid) for r in records.values() for d in r.devices
                    if d.parent_uuid or d.uuid}
         try:
             with self.gpu_locks.hold(parents, self._lock_timeout):
-                self._unprepare_held(records, out)
+                results.update(self._unprepare_held(records))
         except GpuLockTimeout as exc:
-            for uid, record in records.items():
-                out[uid] = ClaimError(f"claim {record.ref}: {exc}; will retry")
-        return out
+            results.update({uid: ClaimError(f"claim {record.ref}: {exc}; will retry")
+                            for uid, record in records.items()})
+        return results
 
     def _unprepare_held(
-        self, records: Mapping[str, ClaimRecord], out: dict[str, ClaimError | None],
-    ) -> None:
+        self, records: Mapping[str, ClaimRecord],
+    ) -> dict[str, ClaimError | None]:
         cp = self.store.load()  # lockless: see _prepare_held
-        done: list[str] = []
+        results: dict[str, ClaimError | None] = {}
+        batch = self._commit(cp)
         try:
             for uid, record in records.items():
                 current = cp.claims.get(uid)
                 if current is None:  # the other daemon instance finished it meanwhile
-                    out[uid] = self._remove_spec(uid)
+                    results[uid] = self._remove_spec(uid)
                     continue
                 try:
                     self._undo(current, cp)
                 except (NvmlError, CommandError, cdi.CdiError, OSError) as exc:
-                    out[uid] = ClaimError(
+                    results[uid] = ClaimError(
                         f"claim {record.ref}: unprepare failed, will retry: {exc}")
                     continue
                 # Later claims' undo must not count this one as still holding its GPU.
                 cp = without_claim(cp, uid)
-                done.append(uid)
+                batch.remove(uid)
+                results[uid] = None
         finally:
-            if done:
-                self._persist_removed(cp, done)
-        for uid in done:
-            out[uid] = None
+            batch.commit()  # what was undone, even when a later claim's undo raised
         metrics.PREPARED_CLAIMS.set(cp.completed_count())
+        return results
 
     def _remove_spec(self, uid: str) -> ClaimError | None:
         try:
@@ -447,39 +471,17 @@ class DeviceState:
             return ClaimError(f"claim {uid}: unprepare failed, will retry: {exc}")
         return None
 
-    def _persist_removed(self, cp: Checkpoint, uids: Sequence[str]) -> None:
-        """Forget claims in one commit, merged into a fresh read (see :meth:`_persist`)."""
-        with self.store.locked(self._lock_timeout):
-            fresh = self.store.load()
-            for gpu, enabled in cp.mig_mode_baseline.items():
-                fresh = with_mig_mode_baseline(fresh, gpu, enabled)
-            for uid in uids:
-                fresh = without_claim(fresh, uid)
-            self.store.save(fresh)
-
     def _undo(self, record: ClaimRecord, cp: Checkpoint) -> None:
-        """Put the hardware back, then remove the CDI spec."""
-        gone = self.hardware.undo(record, cp)
-        for gpu, reason in gone.items():
-            # Nothing to put back on a GPU that is not there; the claim is released anyway.
-            log.warning("GPU is gone: left as it is while releasing the claim", claim=record.ref,
-                        gpu=gpu, reason=reason)
-        cdi.remove_spec(self.cdi_root, self.driver, record.uid)
-        crash_point("unprepare:after-cdi-remove")
+        undo_claim(self.hardware, self.cdi_root, self.driver, record, cp)
 
     # --- start-up reconciliation -----------------------------------------------------------
 
     def reconcile(self) -> ReconcileReport:
         """Converge after a crash: roll back half-prepared claims, destroy leaked MIG devices
         on GPUs this driver manages, remove CDI specs no prepared claim owns."""
-        gpus = {t.uuid if isinstance(t, GpuTarget) else t.parent_uuid
-                for t in self.index.targets.values()}
-        # Every GPU, then the checkpoint: a running daemon instance may not be mid-prepare.
-        with self.gpu_locks.hold(gpus, self._lock_timeout), \
-                self.store.locked(self._lock_timeout):
-            return reconcile(self.store, self.hardware, undo=self._undo,
-                             cdi_root=self.cdi_root, driver=self.driver,
-                             held=kept_mig_instances(self.held))
+        return reconcile_node(self.store, self.hardware, self.gpu_locks, self._view.gpus,
+                              cdi_root=self.cdi_root, driver=self.driver, held=self.held,
+                              lock_timeout=self._lock_timeout)
 
     def clean_up_gpus(self, gpus: Iterable[str]) -> list[str]:
         """For GPUs that answer again after start-up: what start-up reconciliation does on
@@ -491,6 +493,47 @@ class DeviceState:
             held = kept_mig_instances(self.held)
             return [uuid for gpu in wanted
                     for uuid in clean_up_gpu(self.hardware, cp, gpu, held)]
+
+
+def reconcile_node(
+    store: CheckpointStore, hardware: ClaimHardware, gpu_locks: GpuLocks, gpus: Iterable[str],
+    *, cdi_root: Path, driver: str, held: Sequence[HeldDevice], lock_timeout: float,
+) -> ReconcileReport:
+    """:func:`gpudra.driver.reconcile.reconcile` under every GPU's lock, then the
+    checkpoint's: a running daemon instance may not be mid-prepare."""
+    with gpu_locks.hold(set(gpus), lock_timeout), store.locked(lock_timeout):
+        return reconcile(store, hardware,
+                         undo=functools.partial(undo_claim, hardware, cdi_root, driver),
+                         cdi_root=cdi_root, driver=driver, held=kept_mig_instances(held))
+
+
+def undo_claim(hardware: ClaimHardware, cdi_root: Path, driver: str, record: ClaimRecord,
+               cp: Checkpoint) -> None:
+    """Put the hardware back, then remove the CDI spec."""
+    gone = hardware.undo(record, cp)
+    for gpu, reason in gone.items():
+        # Nothing to put back on a GPU that is not there; the claim is released anyway.
+        log.warning("GPU is gone: left as it is while releasing the claim", claim=record.ref,
+                    gpu=gpu, reason=reason)
+    cdi.remove_spec(cdi_root, driver, record.uid)
+    crash_point("unprepare:after-cdi-remove")
+
+
+def owned_mig_uuids(cp: Checkpoint) -> set[str]:
+    """MIG devices prepared claims hold: published as dynamic, not as static MIG."""
+    return {d.mig.mig_uuid for r in cp.completed().values() for d in r.devices
+            if d.mig is not None and d.mig.created and d.mig.mig_uuid}
+
+
+def _parents_of(claims: Iterable[ClaimToPrepare], index: NodeIndex) -> set[str]:
+    """The physical GPUs a set of claims touches (unknown devices fail later, in plan)."""
+    parents = set()
+    for claim in claims:
+        for device in claim.devices:
+            target = index.targets.get(device.device)
+            if target is not None:
+                parents.add(target.uuid if isinstance(target, GpuTarget) else target.parent_uuid)
+    return parents
 
 
 def _capacity(step: DeviceStep) -> dict[str, int]:

@@ -139,7 +139,7 @@ class UsageSampler:
     def sample(self) -> list[DeviceUsage]:
         """One pass: read NVML for every GPU holding a prepared device; update everything."""
         started = time.perf_counter()
-        claims = self._state.store.load().completed()
+        claims = self._state.completed()
         by_gpu: dict[str, list[_Held]] = {}
         for record in claims.values():
             for device in record.devices:

@@ -237,11 +237,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
     from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
     from gpudra.kubeletplugin.events import held_event, send_held_event
-    from gpudra.kubeletplugin.node_state import (
-        build_device_state,
-        pick_up_answering_gpus,
-        watched_gpus,
-    )
+    from gpudra.kubeletplugin.node_state import build_device_state
     from gpudra.kubeletplugin.preparer import Preparer
 
     runtime.step = "opening NVML"
@@ -298,10 +294,10 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
             health.notify()
 
         def changed() -> None:  # called from the watcher thread
-            pick_up_answering_gpus(config, state, nvml)  # NVML reads: here, off the loop
+            state.refresh_gpus()  # NVML reads: here, off the loop
             loop.call_soon_threadsafe(refresh)
 
-        runtime.monitor = monitor = HealthMonitor(nvml, watched_gpus(state), config.health,
+        runtime.monitor = monitor = HealthMonitor(nvml, state.watched_gpus(), config.health,
                                                   on_change=changed)
         monitor.start()
         refresh()
@@ -399,7 +395,7 @@ def _claim_observers(config: NodeConfig, api: Any, state: DeviceState,
     from gpudra.kubeletplugin.events import IdleEvents
 
     def records() -> Mapping[str, ClaimRecord]:
-        return state.store.load().claims  # the checkpoint as it is now
+        return state.records()  # the checkpoint as it is now
 
     raw = RawApi(api)
     status = ClaimStatusWriter(raw, driver=config.driver_name, records=records,

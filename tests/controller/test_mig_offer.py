@@ -200,8 +200,8 @@ def _published(node: Any, options: ModelOptions) -> list[str]:
 
     inventory = read_inventory(node.nvml, pcie_root=simulated_pcie_root)
     owned = replace(options, owned_mig_uuids=node.state.owned_mig_uuids())
-    node.state.index = NodeIndex.build(POOL, inventory, owned)
-    return [d.name for d in node.state.index.devices.devices if d.name.startswith("gpu-0")]
+    index = NodeIndex.build(POOL, inventory, owned)
+    return [d.name for d in index.devices.devices if d.name.startswith("gpu-0")]
 
 
 def test_a_disjoint_device_is_made_when_prepared_and_stays_published(tmp_path):

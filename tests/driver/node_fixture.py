@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpudra.driver import sim
-from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.claims import AllocatedDevice, ClaimToPrepare, OpaqueConfig
 from gpudra.driver.commands import CommandRunner
 from gpudra.driver.device_model import ModelOptions
 from gpudra.driver.device_state import DeviceState
 from gpudra.driver.driver_root import DriverRoot
+from gpudra.driver.featuregates import FeatureGates
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
-from gpudra.driver.mps import MpsManager
+from gpudra.driver.node_factory import NodeSetup, build_device_state
 from gpudra.driver.nvml import Nvml, open_nvml
-from gpudra.driver.prepare_plan import NodeIndex
-from gpudra.driver.sim.commands import SimulatedCommandRunner
 from gpudra.driver.sim.driver_root import populate_driver_root
 
 DRIVER = "gpu.nvidia.com"
@@ -55,21 +53,17 @@ def start_node(
     """
     options = options or ModelOptions()
     nvml = open_nvml(simulate=profile, sim_state=root / "sim")
-    store = CheckpointStore(root / "plugin", boot_id=boot_id)
     inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
     driver_root = root / "driver-root"
     populate_driver_root(driver_root, [g.probe.minor for g in inventory.gpus])
-    runner = commands or SimulatedCommandRunner(root / "sim")
-    state = DeviceState(driver=DRIVER, nvml=nvml, index=NodeIndex.build(POOL, inventory,
-                        options), store=store, cdi_root=root / "cdi",
-                        driver_root=DriverRoot(driver_root),
-                        commands=runner if time_slicing else None,
-                        mps=MpsManager(runner, root / "plugin" / "mps") if mps else None,
-                        compute_modes=compute_modes)
-    state.reconcile()
-    owned = state.owned_mig_uuids()
-    inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
-    state.index = NodeIndex.build(POOL, inventory, replace(options, owned_mig_uuids=owned))
+    gates = FeatureGates({"DynamicMIG": options.dynamic_mig, "TimeSlicingSettings": time_slicing,
+                          "MPSSupport": mps, "ComputeModeSettings": compute_modes,
+                          "ConsumableCapacity": True})
+    state = build_device_state(NodeSetup(
+        driver=DRIVER, pool=POOL, data_dir=root / "plugin", cdi_root=root / "cdi",
+        driver_root=DriverRoot(driver_root), commands_root=driver_root, gates=gates,
+        shareable=options.shareable, mig=options.mig, simulate=True, sim_state=root / "sim",
+        commands=commands, boot_id=boot_id), nvml)
     return SimNode(root, profile, nvml, state)
 
 

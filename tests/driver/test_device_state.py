@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -371,3 +372,42 @@ def test_unpreparing_two_mig_claims_of_one_gpu_in_one_call_restores_it(node):
     assert node.state.unprepare_many([UID1, UID2]) == {UID1: None, UID2: None}
     assert mig_instances(node, 0) == []
     assert node.control.snapshot()["gpus"][0]["mig_mode"]["current"] == 0
+
+
+def test_a_gpu_that_answers_again_swaps_the_view_whole(tmp_path):
+    start_node(tmp_path).close()  # the simulated node, installed
+    sim.uninstall()
+    sim.SimControl(tmp_path / "sim").set_gpu_lost(1, True)
+    n = start_node(tmp_path)  # starts without it
+    try:
+        before = n.state.view
+        assert "gpu-1" not in before.by_name and n.state.refresh_gpus() is False
+        assert n.state.view is before  # nothing answered: nothing swapped
+        gone = before.inventory.unavailable[0].uuid
+        assert gone in n.state.watched_gpus()  # watched while it does not answer
+        n.control.set_gpu_lost(1, False)
+        assert n.state.refresh_gpus() is True
+        after = n.state.view
+        assert "gpu-1" in after.by_name and after.index is n.state.index
+        assert after.inventory.unavailable == ()
+        # the view a call took before is as it was: calls never see half a refresh
+        assert "gpu-1" not in before.by_name and before.inventory.unavailable
+        assert n.state.refresh_gpus() is False and n.state.view is after
+        n.state.prepare(claim(UID1, "gpu-1"))  # and the GPU is prepared against it
+    finally:
+        n.close()
+        sim.uninstall()
+
+
+def test_the_state_is_not_patched_from_outside(node):
+    with pytest.raises(AttributeError):
+        node.state.index = node.state.index  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        node.state.view.index = node.state.index  # type: ignore[misc]
+
+
+def test_the_daemon_reads_records_through_the_state(node):
+    node.state.prepare(claim(UID1, "gpu-0"))
+    assert set(node.state.records()) == set(node.state.completed()) == {UID1}
+    node.state.unprepare(UID1)
+    assert node.state.records() == {}
