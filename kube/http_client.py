@@ -377,6 +377,11 @@ class Response:
         self._raw_done = self._done
         self._buffer = b""
 
+    def limit(self, max_body: int) -> None:
+        """Accept at most ``max_body`` bytes of the body (of each line, read by lines)
+        from now on, if less than the client's limit."""
+        self._max_body = min(self._max_body, max_body)
+
     @property
     def at_eof(self) -> bool:
         """The whole body has been read."""

@@ -61,6 +61,10 @@ EVENTS: Final = Resource("events", "/apis/events.k8s.io/v1", namespaced=True)
 
 _ACCEPT_JSON: Final[Mapping[str, str]] = {"Accept": "application/json"}
 
+MAX_OBJECT: Final = 8 << 20
+"""Bytes of one object's answer (or one watch event): etcd keeps at most ~1.5 MiB of an
+object; the client's own limit (64 MiB) is for a page of a list."""
+
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 """Server-side apply; JSON is YAML, so the body stays JSON."""
 
@@ -202,6 +206,8 @@ class RawApi:
                 response = await self._open(
                     verb, resource, name, method, path, query=query, body=body,
                     content_type=content_type)
+                if verb != "list":
+                    response.limit(MAX_OBJECT)
                 try:
                     data = await response.read()
                 finally:
@@ -271,6 +277,7 @@ class RawApi:
                                         resource.collection(namespace), query=query,
                                         read_timeout=timeout_seconds + self.timeout)
         _succeeded("watch", resource.plural).inc()
+        response.limit(MAX_OBJECT)  # per event: a watch stream has no end to bound
         return WatchStream(response, resource)
 
 

@@ -14,7 +14,7 @@ import pytest
 from gpudra.kube.errors import BadAnswer, Unreachable
 from gpudra.kube.http_client import HttpClient, TooLarge
 from gpudra.kube.http_framing import MAX_BODY, MAX_HEAD, MAX_HEADERS
-from gpudra.kube.raw_api import NODES, RESOURCE_SLICES, RawApi
+from gpudra.kube.raw_api import MAX_OBJECT, NODES, RESOURCE_SLICES, RawApi
 from gpudra.kube.session import ApiSession
 from tests.kube.scripted_server import Piece, chunked, ok, scripted
 
@@ -84,7 +84,7 @@ async def test_a_gzip_bomb_through_the_raw_api_is_a_bad_answer_naming_the_limit(
         error = await get_through_raw_api(server.url)
     assert isinstance(error, BadAnswer) and error.reason == "TooLarge"
     assert str(error) == (f"get nodes/node-a: TooLarge: the body is larger than the limit of "
-                          f"{MAX_BODY} bytes")
+                          f"{MAX_OBJECT} bytes")
 
 
 def endless(piece: bytes) -> Iterator[Piece]:
@@ -103,7 +103,7 @@ async def test_one_huge_chunk_is_refused_at_its_size_line():
         error = await get_through_raw_api(server.url)
     assert isinstance(error, BadAnswer) and error.reason == "TooLarge"
     assert error.message == (f"a chunk of {size} bytes is larger than the limit of "
-                             f"{MAX_BODY} bytes")
+                             f"{MAX_OBJECT} bytes")
 
 
 async def test_a_huge_content_length_is_refused_before_the_body():
@@ -188,8 +188,13 @@ async def test_a_fast_endless_answer_ends_at_the_limit():
 
     async with scripted(answer) as server:
         error = await get_through_raw_api(server.url)
+        async with ApiSession.for_url(server.url) as session:
+            with pytest.raises(BadAnswer) as listed:
+                await RawApi(session, timeout=5).list(NODES)
     assert isinstance(error, BadAnswer) and error.reason == "TooLarge"
-    assert error.message == f"the body is larger than the limit of {MAX_BODY} bytes"
+    assert error.message == f"the body is larger than the limit of {MAX_OBJECT} bytes"
+    # A list's page may be larger than an object, up to the client's own limit.
+    assert listed.value.message == f"the body is larger than the limit of {MAX_BODY} bytes"
 
 
 async def test_a_watch_line_past_the_limit_is_a_bad_answer():
@@ -205,7 +210,7 @@ async def test_a_watch_line_past_the_limit_is_a_bad_answer():
                 await stream.next()
     assert caught.value.reason == "TooLarge"
     assert caught.value.message == (f"a line of the stream is longer than the limit of "
-                                    f"{MAX_BODY} bytes")
+                                    f"{MAX_OBJECT} bytes")
 
 
 async def test_a_watch_stream_longer_than_the_limit_is_fine_line_by_line():
