@@ -76,8 +76,7 @@ async def test_dynamic_mig_claim_with_subrequest(kubelet, daemon, fake_api):
 @pytest.mark.parametrize("calls", ["one call", "a call each"])
 async def test_bad_input_gets_a_per_claim_error_and_changes_nothing(kubelet, daemon, fake_api,
                                                                     calls):
-    # One call fetches its claims on the daemon's event loop, all at once; a call with one
-    # claim fetches it in the call's own thread. The answers must not differ.
+    # All the claims in one call, or one claim per call: the answers must not differ.
     good = create_claim(fake_api, "good", devices=["gpu-1"])
     missing = ClaimRef("default", "nope", "00000000-0000-4000-8000-0000000000aa")
     replaced = ClaimRef("default", "good", "00000000-0000-4000-8000-0000000000bb")
