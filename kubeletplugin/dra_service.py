@@ -192,9 +192,9 @@ class _Call:
         """The call's line; ``what`` names the successful claims' field (``prepared``: claim
         → its devices; ``unprepared``: the claims).
 
-        Written when the call has ended, not before its answer: rendering and writing the
-        line takes ~40 µs that the kubelet need not wait for (measured: unprepare p50
-        0.05-0.13 ms lower without the line). The fields, the duration too, are taken now.
+        Written when the call has ended, not before its answer: the kubelet need not wait
+        for the line to be rendered and written (bench/RESULTS.md, eighth session). The
+        fields, the duration too, are taken now.
         """
         done: dict[str, list[str]] | list[str] = \
             self._done if what == "prepared" else list(self._done)
