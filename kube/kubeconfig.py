@@ -5,15 +5,21 @@ Order: ``--kubeconfig FILE``; else every file of ``KUBECONFIG`` (``:``-separated
 files skipped); else ``~/.kube/config``; else the pod's service account (in-cluster,
 :func:`gpudra.kube.connection.in_cluster`). A kubeconfig is loaded by the official
 ``kubernetes`` package (``kubernetes.config``: merging, contexts, exec plugins and their
-refresh, tokens and token files, client certificates, ``proxy-url``, ``tls-server-name``,
-``insecure-skip-tls-verify``); what it loaded is handed to our one transport as a
-:class:`~gpudra.kube.connection.Connection`. Checked here, so that a kubeconfig nobody
-could use fails in one line naming the file, context or field before anything is served:
-the files are YAML mappings; the context, its cluster and its user exist (kubectl would go
-anonymous without the user: a daemon then fails every call later); every file an entry
-names can be read; the TLS context builds; an exec plugin gave a credential. kubectl's one
-merge rule the package does not follow, ``current-context`` from the first file that sets
-it, is applied by choosing the context here.
+refresh, tokens, client certificates, ``proxy-url``, ``tls-server-name``,
+``insecure-skip-tls-verify``); what it loaded (:class:`Settings`) is handed to our one
+transport as a :class:`~gpudra.kube.connection.Connection`.
+
+Two steps, because the package takes a second or more and ~36 MiB to import: :func:`plan`
+checks, without it, what a kubeconfig nobody could use fails on, in one line naming the
+file, context or field (the files are YAML mappings; the context, its cluster and its user
+exist, where kubectl would go anonymous without the user and a daemon would fail every
+call later; every file an entry names can be read; inline data is base64); then
+:meth:`Plan.load` loads it in this process (the command-line tools), or
+:meth:`Plan.in_child` in a child process (the node daemon, which checks before it serves
+the kubelet sockets). kubectl's one merge rule the package does not follow,
+``current-context`` from the first file that sets it, is applied by choosing the context
+here; and a ``tokenFile`` is re-read as it changes, as client-go does (the package reads it
+once).
 """
 
 from __future__ import annotations
