@@ -47,3 +47,18 @@ async def test_admin_access_never_creates_a_mig_device_and_observes_an_existing_
     assert (await kubelet.unprepare([regular]))[regular.uid]["error"] == ""
     assert hardware(node) == baseline
     assert cdi_specs(node) == []
+
+
+async def test_the_device_goes_with_its_maker_and_the_observer_leaves_cleanly(
+        kubelet: KubeletEmulator, node: Daemon, api: FakeApiServer) -> None:
+    admin = stored(api, "admin-watcher", admin_access=True)
+    regular = stored(api, "regular-owner")
+    baseline = hardware(node)
+    assert (await kubelet.prepare([regular]))[regular.uid]["error"] == ""
+    assert (await kubelet.prepare([admin]))[admin.uid]["error"] == ""
+    # The maker leaves first: its MIG device goes (an observer does not keep it).
+    assert (await kubelet.unprepare([regular]))[regular.uid]["error"] == ""
+    assert hardware(node) == baseline
+    assert (await kubelet.unprepare([admin]))[admin.uid]["error"] == ""
+    assert hardware(node) == baseline
+    assert cdi_specs(node) == []
