@@ -52,6 +52,8 @@ from typing import Protocol
 import grpc
 import structlog
 
+from gpudra.driver import files
+
 from . import sockets
 from .dra_service import ClaimCalls, DraV1beta1Servicer, DraV1Servicer
 from .grpc_types import RpcServer, Servicer
@@ -170,9 +172,11 @@ class PluginServer:
         """Create the directories, replace stale sockets, start DRA then registration."""
         if self._dra is not None or self._stopping is not None:
             raise RuntimeError("PluginServer.start() called twice (or after stop())")
-        sockets.make_dirs(self._plugin_data_dir)
-        sockets.restrict_dir(self._plugin_data_dir)
-        sockets.make_dirs(self._registration_socket.parent)
+        # The driver's own directory (the kubelet's parents keep their modes), closed to
+        # others even when an older build made it under a permissive umask.
+        files.make_dirs(self._plugin_data_dir)
+        files.restrict(self._plugin_data_dir, files.DIR_MODE)
+        files.make_dirs(self._registration_socket.parent)
         calls = ClaimCalls(self._preparer)
         dra_servicers: list[Servicer] = [DraV1Servicer(calls), DraV1beta1Servicer(calls)]
         if self._health is not None:

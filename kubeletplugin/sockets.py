@@ -8,7 +8,7 @@
 
 Modes do not follow the umask: whoever can connect to the DRA socket can unprepare any
 claim, so both sockets are :data:`SOCKET_MODE` (the kubelet, their only client, runs as
-root) and the directories the daemon creates for them :data:`DIR_MODE`.
+root); the directories the daemon creates for them get ``gpudra.driver.files``' modes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import base64
 import contextlib
 import hashlib
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,9 +25,6 @@ MAX_SOCKET_PATH_BYTES = 107
 
 
 SOCKET_MODE = 0o600
-DIR_MODE = 0o750
-"""The driver's own directory and any directory the daemon creates on the way to a socket:
-group may look (an operator's tools), nobody else."""
 _BIND_UMASK = 0o177
 """While a server binds: the socket file is never more open than :data:`SOCKET_MODE`, not
 even between its creation and the ``chmod`` that follows."""
@@ -113,32 +109,6 @@ def _check_component(what: str, value: str) -> None:
     """A name becomes one path component: refuse what would escape or split it."""
     if not value or value in {".", ".."} or "/" in value or "\x00" in value:
         raise SocketPathError(f"{what} {value!r} cannot be used in a socket file name")
-
-
-def make_dirs(path: Path, *, mode: int = DIR_MODE) -> None:
-    """Create ``path`` and its missing parents, each of those with exactly ``mode``; an
-    existing directory keeps its mode (the kubelet's own directories are not ours to
-    change)."""
-    missing: list[Path] = []
-    at = path
-    while not at.exists() and at != at.parent:
-        missing.append(at)
-        at = at.parent
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=mode)
-        except FileExistsError:  # made meanwhile (another instance): not ours to chmod
-            continue
-        directory.chmod(mode)  # mkdir's mode is filtered through the umask
-
-
-def restrict_dir(path: Path, *, mode: int = DIR_MODE) -> None:
-    """Take from the driver's own directory ``path`` any permission beyond ``mode`` (one an
-    older build made under a permissive umask); a directory of another owner is left alone."""
-    info = path.lstat()
-    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() \
-            and stat.S_IMODE(info.st_mode) & ~mode:
-        path.chmod(stat.S_IMODE(info.st_mode) & mode)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 import threading
 import time
@@ -33,6 +34,7 @@ from gpudra.api.proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
+from gpudra.driver import files
 from gpudra.driver.health import DeviceHealth
 from gpudra.kubeletplugin import sockets
 from gpudra.kubeletplugin.health_service import HealthService
@@ -116,20 +118,17 @@ def held() -> Held:
 
 
 @pytest.fixture
-async def served(dirs: Dirs, held: Held) -> AsyncIterator[PluginServer]:
-    server = PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, held)
-    await server.start()
-    try:
-        yield server
-    finally:
-        held.release_all()
-        await server.stop(grace=0)
+def preparer(held: Held) -> Held:
+    """conftest's ``server`` and ``kubelet`` fixtures serve this preparer."""
+    return held
 
 
 @pytest.fixture
-async def kubelet(served: PluginServer, dirs: Dirs) -> AsyncIterator[KubeletEmulator]:
-    async with await KubeletEmulator.discover(dirs.registrar) as emulator:
-        yield emulator
+async def served(server: PluginServer, held: Held) -> AsyncIterator[PluginServer]:
+    try:
+        yield server
+    finally:
+        held.release_all()  # before conftest's stop, which waits for the calls' work
 
 
 def dra_stub(channel: grpc.aio.Channel) -> Any:
@@ -459,7 +458,7 @@ async def test_sockets_and_the_directories_made_for_them_have_explicit_modes(
         assert mode(server.dra_socket_path) == sockets.SOCKET_MODE == 0o600
         assert mode(server.registration_socket_path) == 0o600
         for directory in (server.plugin_data_dir, dirs.plugins, dirs.registrar):
-            assert mode(directory) == sockets.DIR_MODE == 0o750, directory
+            assert mode(directory) == files.DIR_MODE == 0o750, directory
         async with await KubeletEmulator.discover(dirs.registrar) as kubelet:
             assert (await kubelet.prepare([claim(1)]))["uid-1"]["error"] == ""
     finally:
@@ -484,3 +483,14 @@ async def test_an_open_plugin_dir_is_closed_and_the_kubelets_dir_left_alone(
         assert mode(server.registration_socket_path) == 0o600
     finally:
         await server.stop(grace=0)
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_binding_makes_a_socket_0600_under_umask_000_and_restores_the_umask(tmp_path):
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        with sockets.binding(path):
+            sock.bind(str(path))
+            assert mode(path) & 0o177 == 0  # never more open, not even before the chmod
+        assert mode(path) == 0o600
+    assert os.umask(0) == 0  # restored (the fixture's 000)

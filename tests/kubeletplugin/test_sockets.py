@@ -1,12 +1,7 @@
-"""Socket names: the Go helper's forms, and the 107-byte limit of a unix socket path; the
-modes of what the daemon creates for its sockets, whatever the umask."""
+"""Socket names: the Go helper's forms, and the 107-byte limit of a unix socket path."""
 
 from __future__ import annotations
 
-import os
-import socket
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +9,9 @@ import pytest
 from gpudra.kubeletplugin.sockets import (
     MAX_SOCKET_PATH_BYTES,
     SocketPathError,
-    binding,
     dra_socket_path,
-    make_dirs,
     plugin_data_dir,
     registration_socket_path,
-    restrict_dir,
 )
 
 UID = "ad4af911-5bcd-47c5-a554-f35cea869472"
@@ -110,53 +102,3 @@ def test_a_driver_name_that_is_not_one_file_name_is_refused(driver):
         registration_socket_path("/r", driver)
 
 
-
-@pytest.fixture
-def open_umask() -> Iterator[None]:
-    previous = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(previous)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.lstat().st_mode)
-
-
-@pytest.mark.usefixtures("open_umask")
-def test_make_dirs_gives_each_directory_it_creates_the_mode_and_leaves_the_others(tmp_path):
-    tmp_path.chmod(0o755)
-    make_dirs(tmp_path / "a" / "b" / "c")
-    assert [mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o750] * 3
-    assert mode(tmp_path) == 0o755
-    make_dirs(tmp_path / "a", mode=0o700)  # exists: unchanged
-    assert mode(tmp_path / "a") == 0o750
-
-
-@pytest.mark.usefixtures("open_umask")
-def test_restrict_dir_takes_away_what_is_beyond_the_mode_only_from_its_own_dirs(tmp_path):
-    ours = tmp_path / "ours"
-    ours.mkdir(0o777)
-    restrict_dir(ours)
-    assert mode(ours) == 0o750
-    ours.chmod(0o700)
-    restrict_dir(ours)  # never widens
-    assert mode(ours) == 0o700
-    if os.geteuid() == 0:  # a directory of another owner (only root can make one here)
-        theirs = tmp_path / "theirs"
-        theirs.mkdir(0o777)
-        os.chown(theirs, 65534, 65534)
-        restrict_dir(theirs)
-        assert mode(theirs) == 0o777
-
-
-@pytest.mark.usefixtures("open_umask")
-def test_binding_makes_a_socket_0600_under_umask_000_and_restores_the_umask(tmp_path):
-    path = tmp_path / "s.sock"
-    with socket.socket(socket.AF_UNIX) as sock:
-        with binding(path):
-            sock.bind(str(path))
-            assert mode(path) & 0o177 == 0  # never more open, not even before the chmod
-        assert mode(path) == 0o600
-    assert os.umask(0) == 0  # restored (the fixture's 000)
