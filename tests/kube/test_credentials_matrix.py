@@ -2,7 +2,8 @@
 (issue 28 item 3): for each kubeconfig of the matrix (token, client certificate, exec
 plugin, ``proxy-url``, ``HTTPS_PROXY`` with and without ``NO_PROXY``, ``tls-server-name``,
 two merged files) all three reach the same server, as the same identity, through the same
-proxy (or none).
+proxy (or none). In a pod: the service account's token, re-read as it rotates, its CA, and
+the environment's proxy.
 
 Real processes and sockets: the node daemon runs as its own process (simulated GPUs, the
 kubelet emulator); explain and top run in-process through ``main``. The API is the test
@@ -13,6 +14,7 @@ records its tunnels (:mod:`tests.kube.tls_front`).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import ssl
@@ -28,6 +30,8 @@ import pytest
 import yaml
 
 from gpudra.cli.main import main
+from gpudra.kube.raw_api import NODES, RawApi
+from gpudra.kubeletplugin.api_access import api_session, check_api_access
 from gpudra.scheduling.explain import default_device_classes
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.integration.daemon import Daemon, free_port
@@ -231,3 +235,30 @@ def test_node_explain_and_top_reach_the_same_server_as_the_same_identity_and_pro
     results["top"] = run_cli(["top", *flags, "--endpoint", dead], front)
     capsys.readouterr()
     assert results == {"node": expected, "explain": expected, "top": expected}
+
+
+@pytest.mark.skipif(not _resolves_to_loopback(HOST), reason=f"{HOST} is not this machine")
+@pytest.mark.parametrize("no_proxy", ["", HOST])
+async def test_in_a_pod_the_service_account_and_the_environments_proxy(
+        no_proxy: str, pki: Pki, cluster: tuple[FakeApiServer, Front], tmp_path: Path):
+    _, front = cluster
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("sa-1\n")
+    (account / "ca.crt").write_bytes(pki.server_cert.read_bytes())
+    env = {"KUBERNETES_SERVICE_HOST": HOST, "KUBERNETES_SERVICE_PORT": str(front.port),
+           "HTTPS_PROXY": f"http://127.0.0.1:{front.proxy_port}", "NO_PROXY": no_proxy}
+    front.clear()
+    connection = check_api_access(None, environ=env, home=tmp_path,
+                                  service_account=account)
+    async with api_session(connection) as session:
+        api = RawApi(session, timeout=5)
+        await api.list(NODES)
+        (account / "token").write_text("sa-2\n")  # the kubelet rotates the projected token
+        stamp = (account / "token").stat().st_mtime_ns + 1_000_000_000
+        os.utime(account / "token", ns=(stamp, stamp))
+        await api.list(NODES)
+    seen = await asyncio.to_thread(front.settled)
+    assert seen.authorizations == ["Bearer sa-1", "Bearer sa-2"]
+    assert set(seen.server_names) == {HOST}
+    assert seen.tunnels == ([] if no_proxy else [f"CONNECT {HOST}:{front.port}"])
