@@ -246,11 +246,21 @@ class _Run:
         for entry, verdict in zip(self.devices, self.verdicts[key], strict=True):
             if verdict.code == "cel-error":
                 raise AllocationError(verdict.reason)
-            # "All" picks by selectors alone; in-use and taints are checked when allocating.
-            if verdict.matches or verdict.code == "taint":
+            # "All" picks by selectors and capacity (what existing allocations leave);
+            # in-use and taints are checked when allocating.
+            if (verdict.matches or verdict.code == "taint") and self._fits_now(request, entry):
                 chosen.append(entry)
         self.all_devices[key] = chosen
         return len(chosen)
+
+    def _fits_now(self, request: Request, entry: DeviceEntry) -> bool:
+        """The capacity check before the search (nothing picked yet)."""
+        if not request.capacity and not entry.multi:
+            return True
+        return check_capacity(entry.name, entry.pool.driver, entry.capacities,
+                              requested=request.capacity,
+                              allocated=self.index.shared.get(entry.id, {}),
+                              allocating={}).fits
 
     # --- the search (allocateOne / allocateDevice) ----------------------------------------
 
@@ -304,10 +314,11 @@ class _Run:
             code = "allocated" if shortage.allocated else "counters"
             self.dynamic[key][entry.id] = _Verdict(code, shortage.reason)
             return False
+        # Upstream quirk we mirror (1.36 allocateDevice): a device turned down for a taint
+        # or a constraint after its counters were checked keeps them taken until this
+        # allocation ends, so later requests may find the counters short.
         static = self.verdicts[key][self.positions[entry.id]]
         if static.code == "taint":
-            if counted:
-                self.ledger.give_back(entry)
             self.dynamic[key][entry.id] = static
             return False
         added: list[Constraint] = []
@@ -320,8 +331,6 @@ class _Run:
                 continue
             for done in added:
                 done.remove(entry)
-            if counted:
-                self.ledger.give_back(entry)
             if must:
                 raise AllocationError(
                     f"claim {claim.label}, request {request.name}: cannot add device "
@@ -349,9 +358,10 @@ class _Run:
             self.sharing[entry.id] -= 1
             add(self.consuming[entry.id], consumed, -1)
             if self.sharing[entry.id] == 0:
+                # Upstream quirk we mirror (1.36 allocateDevice's rollback gives counters
+                # back for exclusive devices only): the counters the first share took stay
+                # taken until this allocation ends.
                 del self.sharing[entry.id]
-                if entry.id not in self.index.shared:  # the first share took the counters
-                    self.ledger.give_back(entry)
             return
         self.ledger.give_back(entry)
         users = self.allocating[entry.id]
@@ -500,6 +510,7 @@ class _Run:
             names = list(claim_config.get("requests") or [])
             entry: dict[str, Any] = {"source": "FromClaim", **dict(claim_config)}
             if not names:
+                entry.pop("requests", None)  # omitempty: the scheduler writes no empty list
                 configs.append(entry)
                 continue
             # As the scheduler does: once per request the config names (so a config naming

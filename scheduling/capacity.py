@@ -34,6 +34,8 @@ def parse_amount(raw: Any) -> Amount | None:
 
 def render(value: Amount) -> str:
     """A consumed amount as the apiserver prints a quantity (``20Gi``, ``33``, ``500m``)."""
+    if value < 0:  # what is left of a capacity that existing shares already overdraw
+        return "-" + render(-value)
     if isinstance(value, int) or value.denominator == 1:
         return format_quantity(int(value))
     return f"{math.ceil(value * 1000)}m"
@@ -129,12 +131,6 @@ def request_amounts(capacity: Mapping[str, Any] | None) -> dict[str, Amount]:
     return out
 
 
-def _bare(name: str, driver: str) -> str:
-    """``<driver>/memory`` and ``memory`` name the same capacity of the driver's devices."""
-    domain, sep, rest = name.partition("/")
-    return rest if sep and domain == driver else name
-
-
 @dataclass(frozen=True)
 class CapacityCheck:
     """The outcome of one capacity check: what the allocation would consume, or why not."""
@@ -153,10 +149,15 @@ def check(device: str, driver: str, capacities: Mapping[str, Capacity], *,
           requested: Mapping[str, Amount], allocated: Mapping[str, Amount],
           allocating: Mapping[str, Amount]) -> CapacityCheck:
     """``CmpRequestOverCapacity`` for one device, with a reason users can act on."""
-    wanted = {_bare(name, driver): amount for name, amount in requested.items()}
+    # Names are matched as written: unlike attributes, the 1.36 allocator does not read
+    # ``<driver>/memory`` as the device's ``memory`` (checked against dra-allocate).
+    wanted = dict(requested)
     unknown = sorted(set(wanted) - set(capacities))
     if unknown:
-        return CapacityCheck({}, f"the device has no capacity {', '.join(unknown)}", held=True)
+        named = [f"{name} (it has {name.partition('/')[2]})"
+                 if name.startswith(driver + "/") and name.partition("/")[2] in capacities
+                 else name for name in unknown]
+        return CapacityCheck({}, f"the device has no capacity {', '.join(named)}", held=True)
     consumed: dict[str, Amount] = {}
     for name in sorted(capacities):
         capacity = capacities[name]

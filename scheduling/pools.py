@@ -271,6 +271,15 @@ class PoolIndex:
                 self._by_node.setdefault(str(names.pop()), []).append(pool)
             else:
                 self._other.append(pool)
+        # The 1.36 allocator (GatherPools) takes every slice with sharedCounters into every
+        # node's pools, whatever its node. Such a pool of another node brings no devices, but
+        # if it is incomplete or invalid, a request for All devices fails on every node (and
+        # an invalid one turns "does not fit" into an error): an upstream quirk we mirror.
+        # Only those can change an answer, so only they are kept.
+        self._broken_counter_pools = [
+            pool for pool in self.pools
+            if (not pool.complete or pool.invalid is not None)
+            and any(_spec(s).get("sharedCounters") for s in pool.slices)]
         self._available: dict[tuple[str, str], dict[CounterKey, Amount]] = {}
         self._overdrawn: dict[tuple[str, str], str | None] = {}
 
@@ -296,6 +305,18 @@ class PoolIndex:
                                         f"pool invalid: {pool.invalid}"))
                 continue
             usable.append((pool, targeting))
+        seen = {note.driver + "/" + note.pool for note in skipped}
+        seen.update(f"{pool.driver}/{pool.name}" for pool, _ in usable)
+        for pool in self._broken_counter_pools:
+            if f"{pool.driver}/{pool.name}" in seen:
+                continue
+            why = (f"only {len(pool.slices)} of its slices are published" if not pool.complete
+                   else str(pool.invalid))
+            skipped.append(PoolNote(pool.driver, pool.name,
+                                    "incomplete" if not pool.complete else "invalid",
+                                    f"pool {'incomplete' if not pool.complete else 'invalid'}: "
+                                    f"{why} (a pool of other nodes: the scheduler takes every "
+                                    "pool with shared counters into every node's allocation)"))
         usable.sort(key=lambda p: (p[0].binding_conditions, p[0].driver, p[0].name))
         devices = [entry for pool, targeting in usable for obj in targeting
                    for entry in self._entries(pool, obj)]

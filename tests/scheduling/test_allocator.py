@@ -133,7 +133,10 @@ def test_placements_that_overlap_are_never_allocated_together():
                                "small": ["gpu-0-mig-3g40gb-9-4"]}
 
 
-def test_match_attribute_parent_uuid_backtracks_onto_one_parent():
+def test_a_device_turned_down_by_a_constraint_keeps_its_counters_as_upstream():
+    """The 1.36 allocator checks (and takes) a device's counters before its constraints,
+    and does not give them back when a constraint turns the device down: a later choice
+    finds them short. Checked against dra-allocate (the 1.36 allocator): not allocatable."""
     slices = h100_node(gpus=2)
     # gpu-0 already runs a 4g: a 1g still fits at the top, but no 3g beside it.
     busy = allocate(slices, CLASSES, [], claim(mig("big", "4g.40gb")), "node-a").result
@@ -141,15 +144,22 @@ def test_match_attribute_parent_uuid_backtracks_onto_one_parent():
     loose = allocator.allocate(claim(mig("a", "1g.10gb"), mig("b", "3g.40gb")), "node-a")
     assert by_request(loose) == {"a": ["gpu-0-mig-1g10gb-19-6"], "b": ["gpu-1-mig-3g40gb-9-4"]}
 
+    # Both on gpu-1 would do, but the 3g partitions of gpu-1 that the constraint turned down
+    # (while a was on gpu-0) still hold gpu-1's memory slices when a moves there.
     tied = allocator.allocate(claim(mig("a", "1g.10gb"), mig("b", "3g.40gb"),
                                     constraints=[{"matchAttribute": "gpu.nvidia.com/parentUUID"}]),
                               "node-a")
-    assert tied.allocatable, tied.blocking
-    chosen = by_request(tied)
+    assert not tied.allocatable and tied.error is None
+    # The trace says so: b's last try on gpu-1 found the counters short.
+    assert "counters" in {o.code for o in tied.requests[1].outcomes}
+
+    # Without the 4g, the first choice of a (gpu-0) leaves room for b beside it.
+    fresh = allocate(slices, CLASSES, [], claim(
+        mig("a", "1g.10gb"), mig("b", "3g.40gb"),
+        constraints=[{"matchAttribute": "gpu.nvidia.com/parentUUID"}]), "node-a")
+    chosen = by_request(fresh)
     parents = {attr(slices, d, "parentUUID") for names in chosen.values() for d in names}
-    assert parents == {"GPU-node-a-1"}
-    rejected = [o for o in tied.requests[1].outcomes if o.code == "constraint"]
-    assert rejected and "matchAttribute gpu.nvidia.com/parentUUID" in rejected[0].reason
+    assert parents == {"GPU-node-a-0"}
 
 
 def test_match_attribute_with_a_constraint_that_cannot_hold():
