@@ -120,3 +120,18 @@ def test_crash_during_a_plain_full_gpu_prepare_leaves_no_stray_spec(point, tmp_p
     finally:
         node.close()
         sim.uninstall()
+
+
+def test_a_kill_between_gpu_and_compute_instance_leaves_a_bare_one_that_restart_removes(
+        tmp_path):
+    # The step NVML's MIG-device listing cannot see: a GPU instance without its compute
+    # instance. Before the restart it really is there, MIG mode on; the restart rolls the
+    # claim back by enumerating GPU instances (issue 27 item 3).
+    from gpudra.driver.sim import SimControl
+
+    point = "prepare:after-mig-gpu-instance"
+    assert run_worker(tmp_path, "prepare", point) == CRASH_EXIT_CODE
+    gpu0 = SimControl(tmp_path / "sim").snapshot()["gpus"][0]
+    assert [gi["compute_instances"] for gi in gpu0["gpu_instances"]] == [[]]
+    assert gpu0["mig_mode"]["current"] == 1
+    assert_converged(tmp_path, prepared=False)
