@@ -28,11 +28,10 @@ waits for a changed ``update()`` or the back-off cap, the latter for a changed `
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,7 +47,7 @@ from gpudra.controller.slice_diff import (
     slices_equal,
     vanished,
 )
-from gpudra.controller.slice_reflector import SliceReflector
+from gpudra.controller.slice_reflector import SliceReflector, version_of
 from gpudra.controller.slice_validation import SliceValidationError, ensure_valid
 from gpudra.controller.slices import OwnerRef, build_slices
 from gpudra.driver.devices import NodeDevices
@@ -92,16 +91,18 @@ class SlicePublisher:
     def __init__(self, session: ApiSession, *, driver: str, node_name: str,
                  resync_delay: float = 0.2, backoff: Backoff | None = None,
                  clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  request_timeout: float = 10.0) -> None:
         self._api = RawApi(session, timeout=request_timeout)
         self._driver = driver
         self._node = node_name
         self._resync_delay = resync_delay
         self._backoff = backoff or Backoff()
-        self._clock = clock
+        self._clock = clock  # every wait (debounce, pauses) is measured and slept on these
+        self._sleep = sleep
         self._reflector = SliceReflector(
             self._api, field_selector=f"spec.driver={driver},spec.nodeName={node_name}",
-            on_change=self._changed, backoff=self._backoff.fresh(), clock=clock)
+            on_change=self._changed, backoff=self._backoff.fresh(), clock=clock, sleep=sleep)
         self._failures = FailureLog(log.bind(node=node_name, driver=driver))
         self.synced = asyncio.Event()
         self._dirty = asyncio.Event()  # something may differ: run a round
@@ -116,6 +117,8 @@ class SlicePublisher:
         # form (e.g. it drops fields of a disabled feature gate): rewriting them is futile.
         self._adopted: dict[str, tuple[str, str]] = {}
         self._writes: Counter[str] = Counter()
+        self._written_version: int | None = None  # the newest resourceVersion we wrote
+        self._waiting = False  # the loop waits for something to change
         self._rounds = 0
         self._errors = 0
         self._last_error: str | None = None
@@ -153,9 +156,22 @@ class SlicePublisher:
             "slices": self._slices,
             "devices": self._device_count,
             "synced": self.synced.is_set(),
+            "settled": self.settled(),
+            "resource_version": self._reflector.resource_version,  # how far the watch is
             "lists": self._reflector.lists,
             "watches": self._reflector.watches,
         }
+
+    def settled(self) -> bool:
+        """True when nothing is left to do: the watch has brought back our last write, no
+        change waits for a round, and no round, debounce or pause is under way.
+
+        A round that the echo of our own writes would cause (a write too many) has run by
+        the time this is true, so tests and status pages can tell "done" from "not yet".
+        """
+        echoed = (self._written_version is None
+                  or self._reflector.seen(self._written_version))
+        return echoed and self._waiting and not self._dirty.is_set()
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -165,7 +181,11 @@ class SlicePublisher:
     async def _reconcile_forever(self) -> None:
         await self._reflector.listed.wait()
         while True:
-            await self._dirty.wait()
+            self._waiting = True
+            try:
+                await self._dirty.wait()
+            finally:
+                self._waiting = False
             await self._quiet()
             self._updated.clear()
             pause = await self._round()
@@ -173,21 +193,32 @@ class SlicePublisher:
             if pause is None:
                 continue
             if pause.until_update:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._updated.wait(), pause.seconds)
+                await self._until_update(pause.seconds)
             elif pause.seconds:
-                await asyncio.sleep(pause.seconds)
+                await self._sleep(pause.seconds)
             self._dirty.set()
+
+    async def _until_update(self, seconds: float | None) -> None:
+        """Wait for a new desired state, but no longer than ``seconds`` (None: no limit)."""
+        updated = asyncio.ensure_future(self._updated.wait())
+        waiters: set[asyncio.Future[Any]] = {updated}
+        if seconds is not None:
+            waiters.add(asyncio.ensure_future(self._sleep(seconds)))
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
 
     async def _quiet(self) -> None:
         """Debounce: wait until nothing changed for ``resync_delay`` (a wipe or an update
         arrives as a burst of events; answer it once), but no longer than a few delays."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + MAX_DEBOUNCE_DELAYS * self._resync_delay
+        deadline = self._clock() + MAX_DEBOUNCE_DELAYS * self._resync_delay
         while True:
             self._dirty.clear()
-            await asyncio.sleep(self._resync_delay)
-            if not self._dirty.is_set() or loop.time() >= deadline:
+            await self._sleep(self._resync_delay)
+            if not self._dirty.is_set() or self._clock() >= deadline:
                 break
         self._dirty.clear()  # the round reads the latest state, whatever woke us
 
@@ -326,6 +357,9 @@ class SlicePublisher:
     def _stored(self, desired: Obj, stored: dict[str, Any]) -> None:
         """Record a write's answer; adopt the server's form if it differs from ours."""
         self._reflector.remember(stored)
+        version = version_of(stored)
+        if version is not None:
+            self._written_version = max(version, self._written_version or version)
         name = object_name(desired)
         difference = slice_difference(desired, stored)
         if difference is None:

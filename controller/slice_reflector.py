@@ -20,7 +20,7 @@ import json
 import random
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Final
 
 import structlog
@@ -44,11 +44,15 @@ class _Expired(Exception):
     """The watch's resourceVersion is too old: LIST again."""
 
 
-def _rv(obj: Obj | None) -> int | None:
+def version_of(obj: Obj | None) -> int | None:
     """The resourceVersion as a number, where it is one (etcd revisions are)."""
     text = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    return _number(text)
+
+
+def _number(text: object) -> int | None:
     try:
-        return int(text) if text is not None else None
+        return int(text) if isinstance(text, (str, int)) else None
     except (TypeError, ValueError):
         return None
 
@@ -57,7 +61,7 @@ def _older(obj: Obj, than: int | None) -> bool:
     """True if ``obj`` is known to be an older state than resourceVersion ``than``
     (ordering by revision, as client-go's mutation cache does; unknown ordering counts as
     not older)."""
-    mine = _rv(obj)
+    mine = version_of(obj)
     return mine is not None and than is not None and mine < than
 
 
@@ -90,7 +94,7 @@ class SliceCache(Mapping[str, Obj]):
         name = object_name(obj)
         text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
         self._packed[name] = zlib.compress(text.encode(), 1)
-        self._versions[name] = _rv(obj)
+        self._versions[name] = version_of(obj)
 
     def drop(self, name: str) -> bool:
         """Forget ``name``; False if it was not here."""
@@ -107,12 +111,14 @@ class SliceReflector:
 
     def __init__(self, api: RawApi, *, field_selector: str, on_change: Callable[[], None],
                  backoff: Backoff, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  watch_timeout: int = 300) -> None:
         self._api = api
         self._selector = field_selector
         self._on_change = on_change
         self._backoff = backoff
         self._clock = clock
+        self._sleep = sleep  # the back-off's waits
         self._watch_timeout = watch_timeout
         self._failures = FailureLog(log)
         self.cache = SliceCache()
@@ -124,6 +130,12 @@ class SliceReflector:
         self.lists = 0
         self.watches = 0
         self._instant_ends = 0
+
+    def seen(self, version: int) -> bool:
+        """True once the cache reflects the server at resourceVersion ``version`` or later
+        (the watch, or a LIST, has brought everything up to it)."""
+        mine = _number(self.resource_version)
+        return mine is not None and mine >= version
 
     # ---- the publisher's own writes ------------------------------------------------------
 
@@ -146,7 +158,7 @@ class SliceReflector:
         name = object_name(obj)
         if _older(obj, self.cache.version(name)):
             return True
-        mine, deleted = _rv(obj), self._gone.get(name)
+        mine, deleted = version_of(obj), self._gone.get(name)
         return mine is not None and deleted is not None and mine <= deleted
 
     # ---- the loop ------------------------------------------------------------------------
@@ -170,7 +182,7 @@ class SliceReflector:
                 self._failures.failed((error.verb, error.status, error.reason),
                                       "slice list/watch failed; retrying", verb=error.verb,
                                       status=error.status, error=str(error))
-                await asyncio.sleep(self._backoff.honouring(error.retry_after))
+                await self._sleep(self._backoff.honouring(error.retry_after))
 
     async def _list(self) -> None:
         listing = await self._api.list(RESOURCE_SLICES, field_selector=self._selector)
@@ -204,7 +216,7 @@ class SliceReflector:
         if self._instant_ends > 1:
             self._failures.failed("watch-ended-at-once", "slice watch ended at once; retrying",
                                   verb="watch")
-            await asyncio.sleep(self._backoff.next())
+            await self._sleep(self._backoff.next())
 
     async def _consume(self, stream: WatchStream) -> int:
         """Apply events until the stream ends; returns how many arrived."""
@@ -244,7 +256,7 @@ class SliceReflector:
         if not name or self._stale(obj):
             return False
         current = self.cache.version(name) if name in self.cache else None
-        if current is not None and _rv(obj) == current:
+        if current is not None and version_of(obj) == current:
             return False  # our own write, already recorded from its answer (or no change)
         if name in self.cache and obj == self.cache[name]:
             return False

@@ -1,13 +1,18 @@
 """The slice publisher against the test API server, over real HTTP with the real client.
 
 Aspects: a cold start publishes a complete, valid pool (with and without dynamic MIG); a
-kubelet-style wipe is repaired within 2 s; an inventory change rewrites only what changed;
-a steady state writes nothing; every fault class (5xx, 429 + Retry-After, 409, slow answers,
-dropped connections, closed and expired watches, a restarted server) converges without
-crashing; a slice the server rejects is not retried hot; fields the server drops are
-adopted, not rewritten forever; deleting the Node garbage-collects the slices for good.
+kubelet-style wipe is repaired after one debounce, with no back-off; an inventory change
+rewrites only what changed; a steady state writes nothing; every fault class (5xx, 429 +
+Retry-After, 409, slow answers, dropped connections, closed and expired watches, a
+restarted server) converges without crashing; a slice the server rejects is not retried
+hot; fields the server drops are adopted, not rewritten forever; deleting the Node
+garbage-collects the slices for good.
 
-Every test runs the publisher inside ``running()``, which bounds the test's time.
+Every test runs the publisher inside ``running()``, which bounds the test's time. Tests
+about how long the publisher waits give it a :class:`FakeTime` and assert what it slept;
+tests that check no write too many follows wait until it has ``settled()`` (the watch
+brought back its last write and nothing is left to do), not for a while of real time.
+(How fast a wipe is repaired is measured in bench/node_daemon.py.)
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,7 @@ import pytest
 import structlog
 from prometheus_client import REGISTRY
 
-from gpudra.controller.publisher import SlicePublisher
+from gpudra.controller.publisher import MAX_DEBOUNCE_DELAYS, SlicePublisher
 from gpudra.controller.slice_diff import slice_difference
 from gpudra.controller.slices import OwnerRef, build_slices
 from gpudra.driver import sim
@@ -38,15 +42,27 @@ from gpudra.kube.backoff import Backoff
 from gpudra.kube.session import ApiSession
 from gpudra.testing.fakeapi import FakeApiServer
 from gpudra.testing.fakeapi.samples import node as node_object
+from tests.fake_time import FakeTime
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"
 SLICES = "resourceslices"
-FAST = dict(resync_delay=0.05)
+RESYNC = 0.05
+FAST = dict(resync_delay=RESYNC)
 
 
 def fast_backoff() -> Backoff:
     return Backoff(initial=0.05, cap=0.5)
+
+
+def exact_backoff(initial: float = 1.0, cap: float = 8.0) -> Backoff:
+    """No jitter: each delay is exactly ``initial`` doubled per failure, so tests can name it."""
+    return Backoff(initial=initial, cap=cap, random=lambda: 0.5)
+
+
+def timed(clock: FakeTime) -> dict[str, Any]:
+    """The keyword arguments that put a publisher on ``clock``."""
+    return {"clock": clock.monotonic, "sleep": clock.sleep}
 
 
 # --- fixtures and helpers -------------------------------------------------------------------
@@ -97,14 +113,39 @@ async def running(publisher: SlicePublisher, *, limit: float = 15.0,
 
 
 async def eventually(predicate: Callable[[], bool], within: float = 10.0,
-                     interval: float = 0.01) -> float:
-    """Wait until ``predicate()``; returns the seconds it took."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > within:
-            raise AssertionError(f"not true within {within}s")
-        await asyncio.sleep(interval)
-    return time.monotonic() - start
+                     interval: float = 0.01) -> None:
+    """Wait (for the server's answers, on the loop) until ``predicate()``; fail if never."""
+    try:
+        async with asyncio.timeout(within):
+            while not predicate():  # noqa: ASYNC110 (the server answers from its own thread)
+                await asyncio.sleep(interval)
+    except TimeoutError:
+        raise AssertionError(f"never happened (waited {within}s)") from None
+
+
+async def run_clock(clock: FakeTime, until: Callable[[], bool], within: float = 10.0) -> None:
+    """Move ``clock`` from one sleep's deadline to the next until ``until()``; in between,
+    wait on the loop for the server's answers. Fails if it never happens."""
+    try:
+        async with asyncio.timeout(within):
+            while not until():
+                if clock.sleeping():
+                    await clock.advance_to_next()
+                else:
+                    await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"never happened (waited {within}s)") from None
+
+
+async def settled(pub: SlicePublisher) -> None:
+    """Wait until the publisher has nothing left to do: a write too many would have been
+    made by then (see ``SlicePublisher.settled``)."""
+    await eventually(pub.settled)
+
+
+def pauses(slept: list[float], resync: float = RESYNC) -> list[float]:
+    """The sleeps that were not a debounce: back-offs and Retry-Afters."""
+    return [seconds for seconds in slept if seconds != resync]
 
 
 def stored(api: FakeApiServer) -> list[dict[str, Any]]:
@@ -166,7 +207,7 @@ def publisher(client: ApiSession, **kwargs: Any) -> SlicePublisher:
 def fast_publisher(client: ApiSession, devices: NodeDevices,
                    **kwargs: Any) -> SlicePublisher:
     """A publisher with short back-off and resync delays, already given ``devices``."""
-    pub = publisher(client, backoff=fast_backoff(), **FAST, **kwargs)
+    pub = publisher(client, **{"backoff": fast_backoff(), **FAST, **kwargs})
     pub.update(devices)
     return pub
 
@@ -220,37 +261,50 @@ async def test_cold_start_publishes_a_complete_valid_pool_owned_by_the_node(
 
 
 async def test_the_node_is_waited_for_when_it_does_not_exist_yet(
-        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer) -> None:
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer) -> None:
+    clock = FakeTime()
+    pub = fast_publisher(api_session, gpus, **timed(clock), backoff=exact_backoff())
     async with running(pub):
-        await asyncio.sleep(0.5)
-        assert stored(fake_api) == [] and fake_api.calls["get", "nodes"] >= 2
+        await run_clock(clock, lambda: fake_api.calls["get", "nodes"] == 2)
+        await clock.until_sleeping()  # backing off after the second 404
+        assert stored(fake_api) == [] and fake_api.calls["create", SLICES] == 0
+        assert pauses(clock.slept) == [1.0, 2.0]  # never asked again at once: doubling
+
         uid = fake_api.put(node_object(NODE))["metadata"]["uid"]
-        await eventually(lambda: pool_matches(fake_api, gpus, uid))
+        await run_clock(clock, lambda: pool_matches(fake_api, gpus, uid))
+        assert pauses(clock.slept) == [1.0, 2.0]  # the next look found it
 
 
 # --- the kubelet's wipe ---------------------------------------------------------------------
 
 
-async def test_a_kubelet_wipe_is_repaired_within_two_seconds(
+async def test_a_kubelet_wipe_is_repaired_after_the_debounce_alone(
         devices: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
-    pub = publisher(api_session)  # the default resync delay, as in the daemon
+    clock = FakeTime()
+    resync = 0.2  # the default resync delay, as in the daemon
+    pub = publisher(api_session, resync_delay=resync, **timed(clock))
     pub.update(devices)
 
     async with running(pub):
-        await asyncio.wait_for(pub.synced.wait(), 5)
+        await run_clock(clock, pub.settled)
         fake_api.reset_calls()
+        before = len(clock.slept)
 
-        start = time.monotonic()
         await wipe(api_session)
         assert stored(fake_api) == []
+        wiped = int(fake_api.resource_version)
+        # The whole burst of DELETED events has reached the publisher before its clock moves.
+        await eventually(lambda: int(pub.stats()["resource_version"]) >= wiped)
         # Poll cheaply: comparing the whole pool every few ms would starve the publisher.
-        await eventually(lambda: fake_api.calls["create", SLICES] >= 9, within=5)
-        await eventually(lambda: pool_matches(fake_api, devices, node_uid), within=5)
-        repair = time.monotonic() - start
+        await run_clock(clock, lambda: fake_api.calls["create", SLICES] >= 9)
+        await eventually(lambda: pool_matches(fake_api, devices, node_uid))
 
-        print(f"repair after a wipe: {repair:.3f}s")
-        assert repair < 2.0
+        repair = clock.slept[before:]
+        # It waited for the burst to end (one debounce, maybe restarted by the burst's
+        # tail), never for a back-off.
+        assert repair and set(repair) == {resync}, repair
+        assert len(repair) <= MAX_DEBOUNCE_DELAYS
         assert writes(fake_api) == {"create": 9}
         assert fake_api.calls["get", "nodes"] == 1  # the owner is checked before re-creating
         assert stored(fake_api)[0]["spec"]["pool"]["generation"] == 2  # never goes back
@@ -272,7 +326,7 @@ async def test_a_taint_on_one_gpu_rewrites_only_that_gpus_slice(
         tainted = with_taint(devices, "gpu-3", Taint("gpu.nvidia.com/xid", "79", "NoSchedule"))
         pub.update(tainted)
         await eventually(lambda: pool_matches(fake_api, tainted, node_uid))
-        await asyncio.sleep(0.3)  # let the echo of our own write come back: no second write
+        await settled(pub)  # the echo of our own write came back: no second write
 
         assert writes(fake_api) == {"update": 1}
         assert [r.name for r in fake_api.requests if r.verb == "update"] == [
@@ -299,7 +353,7 @@ async def test_a_dropped_gpu_deletes_its_slice_and_moves_the_pool_generation(
         pub.update(smaller)
         await eventually(lambda: pool_matches(fake_api, smaller, node_uid))
         await eventually(lambda: pub.stats()["generation"] == 2)
-        await asyncio.sleep(0.2)  # room for a write too many to show up
+        await settled(pub)  # a write too many would have been made by now
 
         assert writes(fake_api) == {"delete": 1, "update": 7}
         first = next(r.verb for r in fake_api.requests if r.verb in ("delete", "update"))
@@ -314,14 +368,19 @@ async def test_a_dropped_gpu_deletes_its_slice_and_moves_the_pool_generation(
 async def _assert_no_writes_while_running(seconds: float, devices: NodeDevices,
                                           client: ApiSession,
                                           api: FakeApiServer) -> None:
+    """Settled, given equal devices, the publisher does nothing; then, for ``seconds`` of
+    real time (a soak; 0: none), the watch's life costs no writes either."""
     pub = publisher(client, **FAST)
     pub.update(devices)
     async with running(pub, limit=seconds + 10):
         await asyncio.wait_for(pub.synced.wait(), 5)
-        await asyncio.sleep(0.3)
+        await settled(pub)
         api.reset_calls()
+        rounds = pub.stats()["rounds"]
         pub.update(dataclasses.replace(devices))  # equal devices: nothing to do
-        await asyncio.sleep(seconds)
+        assert pub.settled() and pub.stats()["rounds"] == rounds  # not even a round
+        if seconds:
+            await asyncio.sleep(seconds)
 
         assert api.writes() == 0, api.calls
         assert set(api.calls) <= {("watch", SLICES)}, api.calls  # at most a re-watch
@@ -331,7 +390,7 @@ async def _assert_no_writes_while_running(seconds: float, devices: NodeDevices,
 async def test_a_steady_state_costs_no_writes(
         devices: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
         node_uid: str) -> None:
-    await _assert_no_writes_while_running(3.0, devices, api_session, fake_api)
+    await _assert_no_writes_while_running(0, devices, api_session, fake_api)
 
 
 @pytest.mark.slow
@@ -366,13 +425,20 @@ async def test_server_errors_are_retried_until_the_pool_is_complete(
 
 
 async def test_429_waits_at_least_its_retry_after(
-        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
+        node_uid: str) -> None:
     fake_api.fail_next(1, 429, verb="create", retry_after=1)
+    clock = FakeTime()
+    pub = fast_publisher(api_session, gpus, **timed(clock))
 
     async with running(pub):
-        took = await eventually(lambda: pool_matches(fake_api, gpus, node_uid))
+        await run_clock(clock, lambda: fake_api.calls["create", SLICES] == 1)
+        await clock.until_sleeping()
+        assert pauses(clock.slept) == [1.0]  # its Retry-After, more than the back-off's 0.05
+        assert fake_api.calls["create", SLICES] == 1  # nothing more until it has passed
 
-    assert took >= 1.0
+        await run_clock(clock, lambda: pool_matches(fake_api, gpus, node_uid))
+    assert pauses(clock.slept) == [1.0]
     assert fake_api.calls["create", SLICES] == 9
 
 
@@ -461,7 +527,7 @@ async def test_an_expired_watch_lists_again(
         fake_api.close_watches()
         await eventually(lambda: pub.stats()["lists"] == 2)
         fake_api.reset_calls()
-        await asyncio.sleep(0.3)
+        await settled(pub)
         assert fake_api.writes() == 0  # the fresh list matches: nothing to write
 
         await wipe(api_session)
@@ -478,21 +544,22 @@ def _free_port() -> int:
 async def test_a_restarted_server_is_caught_up_with(
         gpus: NodeDevices) -> None:
     server = FakeApiServer(port=_free_port()).start()
+    clock = FakeTime()
     try:
         uid = server.put(node_object(NODE))["metadata"]["uid"]
         async with ApiSession.for_url(server.url) as client:
-            pub = fast_publisher(client, gpus)
+            pub = fast_publisher(client, gpus, **timed(clock))
             async with running(pub):
-                await asyncio.wait_for(pub.synced.wait(), 5)
+                await run_clock(clock, pub.settled)
 
                 server.shutdown()
                 # While it is down (same storage, like an apiserver restart over etcd), the
                 # kubelet's wipe happens; nobody can tell the publisher.
                 for obj in stored(server):
                     server.delete("ResourceSlice", obj["metadata"]["name"])
-                await asyncio.sleep(1.0)
+                await clock.until_sleeping()  # its watch failed: backing off
                 _reopen(server)
-                await eventually(lambda: pool_matches(server, gpus, uid), within=5)
+                await run_clock(clock, lambda: pool_matches(server, gpus, uid))
 
                 assert pub.stats()["watches"] >= 2  # it watched the new server
     finally:
@@ -522,13 +589,24 @@ async def test_a_slice_the_server_rejects_is_not_retried_hot(
             obj["spec"]["devices"][0]["name"] = "Not_A_DNS_Label"
 
     fake_api.mutate_writes("ResourceSlice", break_gpu_3)
-    pub = publisher(api_session, **FAST)  # the default back-off: its cap is what matters
+    clock = FakeTime()
+    backoff = exact_backoff(initial=0.1, cap=10.0)  # the default's cap is what matters
+    pub = publisher(api_session, **FAST, backoff=backoff, **timed(clock))
     pub.update(gpus)
+
+    def rejections() -> int:
+        return [r.status for r in fake_api.requests].count(422)
+
+    async def paused_for() -> float:
+        """How long the publisher's next wait is (the only thing sleeping)."""
+        await clock.until_sleeping()
+        (deadline,) = clock.sleeping()
+        return deadline - clock.now
 
     with structlog.testing.capture_logs() as logs:
         async with running(pub):
-            await eventually(lambda: fake_api.calls["create", SLICES] >= 4)
-            await asyncio.sleep(2.5)
+            await run_clock(clock, lambda: fake_api.calls["create", SLICES] >= 4)
+            assert await paused_for() == 10.0  # the cap, not a hot retry
             creates = [r for r in fake_api.requests if r.verb == "create"]
 
             assert [r.status for r in creates].count(422) == 1  # one try per desired state
@@ -537,10 +615,15 @@ async def test_a_slice_the_server_rejects_is_not_retried_hot(
             assert "Not_A_DNS_Label" in str(pub.stats()["last_error"])
 
             # A new desired state is tried at once; the server still rejects it: once more.
+            capped = clock.sleeping()[0]
             pub.update(with_taint(gpus, "gpu-0", Taint("example.com/t", "", "NoSchedule")))
-            await eventually(lambda: [r.status for r in fake_api.requests].count(422) == 2)
-            await asyncio.sleep(0.5)
-            assert [r.status for r in fake_api.requests].count(422) == 2
+            await eventually(lambda: capped not in clock.sleeping())  # the pause ended early
+            await run_clock(clock, lambda: rejections() == 2)
+            assert await paused_for() == 10.0 and rejections() == 2
+
+            # Once the cap has passed, it tries again (the server may have changed).
+            await clock.advance_to_next()
+            await run_clock(clock, lambda: rejections() == 3)
 
     rejected = [e for e in logs if e["log_level"] == "warning"
                 and e["event"].startswith("the API server rejected a slice")]
@@ -553,15 +636,17 @@ async def test_a_locally_invalid_pool_is_not_sent_at_all(
         node_uid: str) -> None:
     broken = dataclasses.replace(gpus, devices=(
         dataclasses.replace(gpus.devices[0], name="GPU_0"), *gpus.devices[1:]))
-    pub = publisher(api_session, **FAST)
+    clock = FakeTime()
+    pub = publisher(api_session, **FAST, **timed(clock))
     pub.update(broken)
 
     with structlog.testing.capture_logs() as logs:
         async with running(pub):
-            await asyncio.sleep(0.5)
+            await run_clock(clock, lambda: pub.stats()["errors"] == 1)
             assert fake_api.writes() == 0
+            assert clock.sleeping() == []  # no timed retry: it waits for new devices
             pub.update(gpus)
-            await eventually(lambda: pool_matches(fake_api, gpus, node_uid))
+            await run_clock(clock, lambda: pool_matches(fake_api, gpus, node_uid))
 
     bugs = [e for e in logs if e["log_level"] == "error"]
     assert len(bugs) == 1 and "GPU_0" in bugs[0]["error"]
@@ -585,7 +670,7 @@ async def test_fields_the_server_drops_are_adopted_not_rewritten_forever(
         fake_api.expire_watches()  # a fresh LIST makes the publisher compare everything again
         fake_api.close_watches()
         await eventually(lambda: pub.stats()["lists"] == 2)
-        await asyncio.sleep(0.5)
+        await settled(pub)  # the fresh list compared: a rewrite would have been made
 
         assert fake_api.writes() == 0
 
@@ -594,15 +679,20 @@ async def test_fields_the_server_drops_are_adopted_not_rewritten_forever(
 
 
 async def test_deleting_the_node_garbage_collects_the_slices_for_good(
-        gpus: NodeDevices, pub: SlicePublisher, fake_api: FakeApiServer, node_uid: str) -> None:
+        gpus: NodeDevices, api_session: ApiSession, fake_api: FakeApiServer,
+        node_uid: str) -> None:
+    clock = FakeTime()
+    pub = fast_publisher(api_session, gpus, **timed(clock))
     async with running(pub):
-        await asyncio.wait_for(pub.synced.wait(), 5)
+        await run_clock(clock, pub.settled)
         fake_api.delete("Node", NODE)
         assert stored(fake_api) == []  # the garbage collector followed our owner references
 
-        await asyncio.sleep(1.0)
+        # It notices, looks the Node up and finds it gone, backs off and looks again.
+        looked = fake_api.calls["get", "nodes"]
+        await run_clock(clock, lambda: fake_api.calls["get", "nodes"] >= looked + 2)
         assert stored(fake_api) == []  # and the publisher did not bring them back
         assert fake_api.calls["create", SLICES] == 8
 
         new_uid = fake_api.put(node_object(NODE))["metadata"]["uid"]  # the node re-registers
-        await eventually(lambda: pool_matches(fake_api, gpus, new_uid), within=3)
+        await run_clock(clock, lambda: pool_matches(fake_api, gpus, new_uid))
