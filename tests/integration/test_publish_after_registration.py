@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -53,12 +52,14 @@ def complete(api: FakeApiServer) -> bool:
     return bool(found) and len(found) == found[0]["spec"]["pool"]["resourceSliceCount"]
 
 
-async def wait_for(predicate: Callable[[], bool], seconds: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - started < seconds, what
-        await asyncio.sleep(0.01)
-    return time.monotonic() - started
+async def wait_for(predicate: Callable[[], bool], seconds: float, what: str) -> None:
+    """Wait for an event of the daemon's; fail with ``what`` if it never comes."""
+    try:
+        async with asyncio.timeout(seconds):
+            while not predicate():  # noqa: ASYNC110 (the daemon is another process)
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(what) from None
 
 
 async def test_nothing_is_published_until_the_kubelet_registers_the_plugin(node, fake_api):
@@ -69,8 +70,8 @@ async def test_nothing_is_published_until_the_kubelet_registers_the_plugin(node,
     assert status == 503
     assert body == f"not registered with the kubelet yet\n{WAITING}\n"
     async with await KubeletEmulator.discover(daemon.registrar):
-        took = await wait_for(lambda: complete(fake_api), 5, "not published after registration")
-        assert took < 2.0, f"registration -> published took {took:.2f} s"
+        # How soon (the ≤ 2 s budget) is bench/node_daemon.py's to measure, not a test's.
+        await wait_for(lambda: complete(fake_api), 5, "not published after registration")
         await wait_for(lambda: readyz(daemon) == (200, "ok\n"), 5, "never ready")
 
 
