@@ -27,7 +27,10 @@ claim, until the operator looks (README, "Operations"). Only when nothing is reb
 nothing is held does the node start empty.
 
 Assumptions, written down because they cannot be read back: a GPU's compute mode before a
-claim was ``Default``; a dynamic MIG GPU had MIG mode off before its first claim.
+claim was ``Default``; a dynamic MIG GPU had MIG mode off before its first claim. Not put
+back by a rebuilt claim's unprepare, for the same reason: a time slice it set, the compute
+mode of a static MIG device, and a full GPU's MPS daemon's limits (restarted with defaults
+should it die); without the API server, the request names in its answer.
 
 Nothing here reads a file, NVML or the network: :mod:`gpudra.driver.recovery_step`
 gathers the inputs (:mod:`gpudra.driver.survivors` parses them) and applies the result;

@@ -165,7 +165,10 @@ def recover(store: CheckpointStore, error: CheckpointError, *, facts: NodeFacts,
     moved = store.quarantine()
     if not result.empty:
         store.save(result.checkpoint)
-    held = _merge(_read_held(store.directory), result.held)
+    earlier, released = still_held(_read_held(store.directory), gpus)
+    for entry in released:
+        log.info("held hardware is back to baseline (or gone); released", held=entry.what)
+    held = _merge(earlier, result.held)
     _write_held(store.directory, held)
     _say(error, moved, result, held, bad_specs, api=claims_raw is not None,
          slices=slices_raw is not None)

@@ -29,6 +29,7 @@ from gpudra.cli.node_cmd import FATAL_EVENT
 from gpudra.driver import mps_process
 from gpudra.driver.checkpoint_codec import checksum
 from gpudra.driver.checkpoint_store import FILE_NAME
+from gpudra.driver.nvml import COMPUTE_MODE_DEFAULT, open_nvml
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
@@ -106,6 +107,22 @@ def specs(daemon: Daemon) -> list[str]:
     return sorted(p.name for p in daemon.cdi_root.glob("*.json"))
 
 
+def this_run(daemon: Daemon) -> list[dict[str, Any]]:
+    """The JSON log lines of the daemon process started last (the log is appended to)."""
+    lines = []
+    for line in daemon.output()[daemon.log_mark:].splitlines():
+        if line.startswith("{"):
+            lines.append(json.loads(line))
+    return lines
+
+
+def recovery_line(daemon: Daemon) -> dict[str, Any]:
+    """This run's one ``checkpoint unreadable`` line."""
+    [line] = [e for e in this_run(daemon)
+              if e.get("event", "").startswith("checkpoint unreadable")]
+    return line
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -176,10 +193,8 @@ async def test_corrupt_checkpoint_is_rebuilt_and_nothing_is_destroyed(daemon, fa
     # Nothing destroyed or reset: the specs, the MIG device and the compute mode are there.
     assert specs(daemon) == before
     assert hardware(daemon) == held
-    lines = [e for e in daemon.events()[-400:] if e.get("event", "").startswith(
-        "checkpoint unreadable")]
-    assert len(lines) == 1, daemon.output()
-    assert lines[0]["rebuilt_claims"] == 2 and lines[0]["held_unknown"] == 0
+    line = recovery_line(daemon)
+    assert line["rebuilt_claims"] == 2 and line["held_unknown"] == 0
 
     # The rebuilt claims answer as before; another claim cannot take the GPU they hold.
     again = await prepare(daemon, full, mig)
@@ -211,8 +226,7 @@ async def test_what_cannot_be_attributed_is_held_tainted_and_said_loudly(daemon,
 
     daemon.start()
     assert hardware(daemon) == held
-    [line] = [e for e in daemon.events()[-400:]
-              if e.get("event", "").startswith("checkpoint unreadable")]
+    line = recovery_line(daemon)
     assert line["held_unknown"] == 2, line
     wait_for(lambda: taints(fake_api, "gpu-0"))
     assert [(t["key"], t["effect"]) for t in taints(fake_api, "gpu-0")] == [
@@ -241,8 +255,33 @@ async def test_what_cannot_be_attributed_is_held_tainted_and_said_loudly(daemon,
     daemon.start()
     assert hardware(daemon) == held
     wait_for(lambda: taints(fake_api, "gpu-0"))
+    assert metric(daemon, "gpudra_held_unknown_devices") == 2
+    # And across another corrupt checkpoint: the same two, not four.
+    daemon.stop(signal.SIGKILL)
+    checkpoint(daemon).write_bytes(b"{")
+    daemon.start()
+    line = recovery_line(daemon)
+    assert line["held_unknown"] == 2, line
     assert daemon.stop() == 0
     assert hardware(daemon) != baseline  # the operator decides, not the daemon
+
+    # The operator puts the hardware back (nvidia-smi): the next start releases it.
+    nvml = open_nvml(simulate="dgx-h100", sim_state=daemon.sim_state)
+    try:
+        control = SimControl(daemon.sim_state)
+        nvml.set_compute_mode(control.gpu_uuid(0), COMPUTE_MODE_DEFAULT)
+        [gi] = held[1]["gpu_instances"]
+        assert nvml.destroy_mig_device(control.gpu_uuid(1), gi["id"],
+                                       gi["compute_instances"][0]["id"])
+    finally:
+        nvml.shutdown()
+    daemon.start()
+    wait_for(lambda: published(fake_api, "gpu-0") and not taints(fake_api, "gpu-0"))
+    assert metric(daemon, "gpudra_held_unknown_devices") == 0
+    assert "held" not in http_get(port_of(daemon), "/readyz")[1]
+    ref = create_claim(fake_api, "after", devices=["gpu-0"])
+    assert (await prepare(daemon, ref))[ref.uid]["error"] == ""
+    assert daemon.stop() == 0
 
 
 async def test_nothing_to_rebuild_and_nothing_held_starts_empty(daemon, fake_api):
@@ -252,8 +291,7 @@ async def test_nothing_to_rebuild_and_nothing_held_starts_empty(daemon, fake_api
     checkpoint(daemon).parent.mkdir(parents=True, exist_ok=True)
     checkpoint(daemon).write_bytes(b"{")
     daemon.start()
-    [line] = [e for e in daemon.events() if e.get("event", "").startswith(
-        "checkpoint unreadable")]
+    line = recovery_line(daemon)
     assert line["rebuilt_claims"] == 0 and line["held_unknown"] == 0
     assert hardware(daemon) == baseline
     _, body = http_get(port_of(daemon), "/readyz")
@@ -289,8 +327,7 @@ async def test_a_checkpoint_nested_100k_deep_is_one_line_and_rebuilt(daemon, fak
     daemon.start()
     output = daemon.output()[daemon.log_mark:]
     assert "Traceback" not in output and "RecursionError" not in output, output[-2000:]
-    [line] = [e for e in daemon.events()[-400:]
-              if e.get("event", "").startswith("checkpoint unreadable")]
+    line = recovery_line(daemon)
     assert line["error"].startswith(f"checkpoint {path} is corrupt: "), line
     assert line["rebuilt_claims"] == 2
     assert hardware(daemon) == held
@@ -338,8 +375,7 @@ async def test_shares_of_a_gpu_are_rebuilt_and_their_mps_daemon_kept(fake_api, c
         path.write_bytes(CORRUPTIONS[corrupt](path.read_bytes()))
 
         daemon.start()
-        [line] = [e for e in daemon.events()[-400:]
-                  if e.get("event", "").startswith("checkpoint unreadable")]
+        line = recovery_line(daemon)
         assert (line["rebuilt_claims"], line["held_unknown"]) == (2, 0), line
         assert mps_process.alive(pid) and hardware(daemon) == held
         assert await prepare(daemon, a, b) == answers
@@ -380,8 +416,7 @@ async def test_a_prepare_cut_short_is_rolled_back_from_the_api_servers_claim(dae
 
     del daemon.env["GPUDRA_CRASH_AT"]
     daemon.start()
-    [line] = [e for e in daemon.events()[-400:]
-              if e.get("event", "").startswith("checkpoint unreadable")]
+    line = recovery_line(daemon)
     assert (line["rebuilt_claims"], line["rolled_back_claims"], line["held_unknown"]) == (
         0, 1, 0), line
     assert hardware(daemon) == baseline  # rolled back at start-up
@@ -400,8 +435,7 @@ async def test_without_the_api_server_the_specs_and_hardware_still_rebuild(daemo
     fake_api.fail_next(1, status=403, verb="list", resource="resourceclaims")
     fake_api.fail_next(1, status=403, verb="list", resource="resourceslices")
     daemon.start()
-    [line] = [e for e in daemon.events()[-400:]
-              if e.get("event", "").startswith("checkpoint unreadable")]
+    line = recovery_line(daemon)
     assert not line["api_claims_read"] and not line["slices_read"], line
     assert (line["rebuilt_claims"], line["held_unknown"]) == (2, 0), line
     assert hardware(daemon) == held
