@@ -17,6 +17,7 @@ import stat
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -494,3 +495,17 @@ def test_binding_makes_a_socket_0600_under_umask_000_and_restores_the_umask(tmp_
             assert mode(path) & 0o177 == 0  # never more open, not even before the chmod
         assert mode(path) == 0o600
     assert os.umask(0) == 0  # restored (the fixture's 000)
+
+
+def test_our_code_uses_grpcs_public_api_and_settings_only() -> None:
+    # grpcio-tools' generated modules (api/proto/gen) are grpc's own business.
+    root = Path(__file__).resolve().parents[2]
+    layers = ("api", "driver", "kube", "controller", "kubeletplugin", "scheduling",
+              "testing", "cli", "bench")
+    found = [
+        f"{path.relative_to(root)}: {word}"
+        for layer in layers for path in sorted((root / layer).rglob("*.py"))
+        if "gen" not in path.relative_to(root).parts
+        for word in ("grpc._", "GRPC_EXPERIMENTS") if word in path.read_text()
+    ]
+    assert found == []
