@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 
 import kubernetes.aio.client as aio_k8s
@@ -11,7 +13,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpudra.testing.fakeapi import samples
+from gpudra.testing.fakeapi import FakeApiServer, samples
 
 
 @pytest.fixture
@@ -58,22 +60,45 @@ def test_subresources_are_separate_resources(resource, fake_api):
     assert err.value.status == 409
 
 
-def test_delay_slows_matching_requests_until_cleared(resource, fake_api):
-    # Undelayed requests take milliseconds; the bounds leave room for a loaded machine.
-    fake_api.delay(0.3, verb="list")
-    started = time.monotonic()
-    resource.list_resource_slice()
-    assert time.monotonic() - started >= 0.3
-    started = time.monotonic()
-    resource.create_resource_slice(samples.resource_slice(devices=[]))  # other verbs: no delay
-    fake_api.delay(0, verb="list")
-    resource.list_resource_slice()
-    assert time.monotonic() - started < 0.3
-    fake_api.delay(0.3, count=1)
-    started = time.monotonic()
-    resource.list_resource_slice()
-    resource.list_resource_slice()
-    assert 0.3 <= time.monotonic() - started < 0.6
+def test_delay_holds_matching_requests_until_cleared():
+    # Proven by the order of answers: a held LIST is still unanswered while other requests
+    # are answered. The holds are long and end only when the server stops (which cuts
+    # them short), so no bound on seconds is needed.
+    with FakeApiServer() as api, k8s.ApiClient(api.configuration()) as client:
+        resource = k8s.ResourceV1Api(client)
+
+        def held_list() -> threading.Thread:
+            before = api.calls["list", "resourceslices"]
+            thread = threading.Thread(target=_list_ignoring_errors, args=(resource,))
+            thread.start()
+            for _ in range(2000):  # until it has reached the server (10 s at most)
+                if api.calls["list", "resourceslices"] > before:
+                    return thread
+                time.sleep(0.005)
+            raise AssertionError("the list never reached the server")
+
+        api.delay(600, verb="list")
+        first = held_list()
+        # Other verbs are not held: answered while the list waits.
+        resource.create_resource_slice(samples.resource_slice(devices=[]),
+                                       _request_timeout=10)
+        assert first.is_alive()
+        api.delay(0, verb="list")  # cleared: the next list is answered
+        assert len(resource.list_resource_slice(_request_timeout=10).items) == 1
+        assert first.is_alive()  # (a request already held stays held)
+
+        api.delay(600, count=1)  # only the next request, whatever its verb
+        second = held_list()
+        assert len(resource.list_resource_slice(_request_timeout=10).items) == 1
+        assert second.is_alive()
+    for thread in (first, second):  # stopping the server ended their holds
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def _list_ignoring_errors(resource: k8s.ResourceV1Api) -> None:
+    with contextlib.suppress(Exception):  # the server stops under it
+        resource.list_resource_slice(_request_timeout=30)
 
 
 def test_drop_next_closes_the_connection_without_an_answer(resource, fake_api):
