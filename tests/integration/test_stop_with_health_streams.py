@@ -4,7 +4,6 @@ than waiting out the shutdown grace for it. ``gpudra node`` as a real process.""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 
@@ -14,16 +13,15 @@ from tests.integration.daemon import DRIVER, node_daemon
 
 
 async def test_sigterm_with_an_open_health_stream_exits_at_once(fake_api):
-    with node_daemon(fake_api, kubelet=False) as daemon:
+    # An hour's grace: a stream the stop waited for would outlast daemon.stop()'s 20 s.
+    with node_daemon(fake_api, kubelet=False, extra_args=["--shutdown-grace", "3600"]) as daemon:
         daemon.start()
         socket = dra_socket_path(daemon.plugins, DRIVER)
         async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
             call = health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
                 health_v1_pb2.NodeWatchResourcesRequest())
             assert len((await call.read()).devices) > 0
-            started = time.monotonic()
             assert await asyncio.to_thread(daemon.stop) == 0
-            assert time.monotonic() - started < 5  # the shutdown grace is 10 s
             assert await call.read() is grpc.aio.EOF
             assert await call.code() == grpc.StatusCode.OK
         assert daemon.sockets() == []
