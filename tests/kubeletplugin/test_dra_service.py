@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -15,7 +16,7 @@ from gpudra.api.claims import ClaimRef
 from gpudra.api.proto import DRA_V1BETA1_ADVERTISED, dra_v1_pb2, dra_v1_pb2_grpc
 from gpudra.kubeletplugin.daemon import STARTING_POLL, _StartingPreparer
 from gpudra.kubeletplugin.dra_service import base_request_names
-from gpudra.kubeletplugin.interfaces import PrepareOutcome
+from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
 from gpudra.kubeletplugin.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.kubeletplugin.conftest import DRIVER, TestPreparer, claim, gpu
@@ -207,19 +208,30 @@ async def test_the_wire_messages_are_what_the_kubelet_decodes(server, preparer: 
     assert not device.HasField("share_id")
 
 
-async def test_a_call_the_kubelet_gives_up_on_finishes_and_says_so(
-        server, dirs, preparer: TestPreparer):
+class WorksOn(TestPreparer):
+    """Claim 1's prepare works on after the kubelet gave up, until the server says so
+    (``wanted``; bounded), as a MIG create that outlives its call's deadline."""
+
+    def prepare(self, claims: Sequence[ClaimRef], *,
+                wanted: Callable[[], bool] = always) -> Mapping[str, PrepareOutcome]:
+        for _ in range(1000 if claims[0].uid == "uid-1" else 0):
+            if not wanted():
+                break
+            time.sleep(0.01)
+        return super().prepare(claims, wanted=wanted)
+
+
+async def test_a_call_the_kubelet_gives_up_on_finishes_and_says_so(dirs):
     # A call thread cannot be cancelled: the work ends (the kubelet's retry finds it in
     # the checkpoint), and the line says the kubelet did not wait for the answer.
-    preparer.gate = threading.Event()
-    async with await KubeletEmulator.discover(dirs.registrar, call_timeout=0.2) as impatient:
+    preparer = WorksOn()
+    async with PluginServer(DRIVER, dirs.registrar, dirs.plugins, None, preparer), \
+            await KubeletEmulator.discover(dirs.registrar, call_timeout=0.2) as impatient:
         with structlog.testing.capture_logs() as logs:
             with pytest.raises(grpc.aio.AioRpcError) as failure:
                 await impatient.prepare([claim(1)])
             assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            await asyncio.sleep(0.5)  # the server sees the deadline pass on its own timer
-            preparer.gate.set()
-            for _ in range(200):
+            for _ in range(1000):
                 if any(entry["event"] == "call done" for entry in logs):
                     break
                 await asyncio.sleep(0.01)
