@@ -20,6 +20,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_serializer,
     field_validator,
+    model_serializer,
 )
 from pydantic.alias_generators import to_camel
 
@@ -80,12 +81,66 @@ class DeviceRecord(_Stored):
                               share_id=self.share_id)
 
 
-class ClaimRecord(_Stored):
-    """A claim this node has started or finished preparing.
+class MpsRestore(_Stored):
+    """The claim's own MPS control daemon: stopped at unprepare, restarted after a crash."""
 
-    ``restore`` is what unprepare must undo (prior compute modes, time-slice settings,
-    MPS daemon id, MIG-mode baselines, ...); its content belongs to the code that fills it.
+    claim: str
+    uuids: list[str]
+    commands: list[str] | None = None
+    """The control commands it was started with; absent in records of older versions."""
+
+    @model_serializer(mode="wrap")
+    def _without_unknown_commands(self, handler: SerializerFunctionWrapHandler
+                                  ) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if dumped.get("commands", ()) is None:
+            del dumped["commands"]  # not known (a rebuilt record): left out, as before
+        return dumped
+
+
+_RESTORE_KEYS = frozenset({"computeMode", "timeSlice", "mps", "preexistingMig", "shares"})
+
+
+class Restore(_Stored):
+    """What unprepare must undo for a claim, recorded before or as it is changed.
+
+    Empty fields are not written (a full GPU's record holds ``{}``, as before the model);
+    keys a newer build adds are kept like any unknown field.
     """
+
+    compute_mode: dict[str, int | str] = Field(default_factory=dict)
+    """Device UUID → its compute mode before the claim (older records hold its name)."""
+    time_slice: dict[str, int] = Field(default_factory=dict)
+    """Device UUID → the time slice to put back."""
+    mps: MpsRestore | None = None
+    preexisting_mig: dict[str, list[int]] = Field(default_factory=dict)
+    """GPU UUID → GPU instances on it before the claim: never ours to destroy."""
+    shares: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Share ID → the share as :class:`gpudra.driver.shares.ShareEntry` records it."""
+
+    @model_serializer(mode="wrap")
+    def _without_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items()
+                if key not in _RESTORE_KEYS or value not in ({}, None)}
+
+    def with_compute_mode(self, uuid: str, previous: int) -> Restore:
+        """Remember a device's compute mode; a second change keeps the first one."""
+        if uuid in self.compute_mode:
+            return self
+        return self.model_copy(update={"compute_mode": {**self.compute_mode, uuid: previous}})
+
+    def with_time_slice(self, uuid: str, value: int) -> Restore:
+        if uuid in self.time_slice:
+            return self
+        return self.model_copy(update={"time_slice": {**self.time_slice, uuid: value}})
+
+    def with_mps(self, mps: MpsRestore) -> Restore:
+        return self.model_copy(update={"mps": mps})
+
+
+class ClaimRecord(_Stored):
+    """A claim this node has started or finished preparing; ``restore`` is what unprepare
+    must undo."""
 
     # The key in ``Checkpoint.claims``; not repeated inside the record on disk.
     uid: str = Field(exclude=True)
@@ -93,14 +148,15 @@ class ClaimRecord(_Stored):
     name: str
     state: ClaimState
     devices: list[DeviceRecord]
-    restore: dict[str, Any] = Field(default_factory=dict)
+    restore: Restore = Field(default_factory=Restore)
     started_at: str = ""
 
     @field_validator("restore", mode="before")
     @classmethod
     def _as_json_has_it(cls, value: object) -> object:
-        # What a reader of the file will see (integer keys become strings), so a record
-        # compares equal to itself after a save and a load.
+        # Given as a plain dict (recovery builds one): what a reader of the file will see
+        # (integer keys become strings, tuples lists), so a record compares equal to itself
+        # after a save and a load.
         if not isinstance(value, dict):
             return value
         # Empty (a full GPU's, the common case): nothing to convert, skip the round trip.

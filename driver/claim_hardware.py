@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import structlog
 
@@ -30,6 +29,8 @@ from gpudra.driver.checkpoint_model import (
     ClaimRecord,
     DeviceRecord,
     MigRecord,
+    MpsRestore,
+    Restore,
     with_mig_mode_baseline,
 )
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
@@ -201,24 +202,23 @@ class ClaimHardware:
 
     def record_mig_state(
         self, plan: PreparePlan, cp: Checkpoint
-    ) -> tuple[Checkpoint, dict[str, Any]]:
+    ) -> tuple[Checkpoint, Restore]:
         """Before a claim starts: each partitioned GPU's MIG mode (the baseline to restore)
         and the MIG devices already on it (never ours: crash recovery must not destroy
         them), as the checkpoint and the claim's initial ``restore``."""
-        restore: dict[str, Any] = {}
+        preexisting: dict[str, list[int]] = {}
         for step in plan.steps:
             if isinstance(step.target, DynamicMigTarget):
                 parent = step.target.parent_uuid
-                if parent in restore.get("preexistingMig", {}):
+                if parent in preexisting:
                     continue  # a second partition of the same GPU: already looked at
                 mode = self.nvml.mig_mode(parent)
                 cp = with_mig_mode_baseline(cp, parent, bool(mode and mode.current))
-                restore.setdefault("preexistingMig", {})[parent] = sorted(
+                preexisting[parent] = sorted(
                     i.gpu_instance_id for i in self.safe_gpu_instances(parent))
         joining = self._share_entries(plan, cp)
-        if joining:
-            restore["shares"] = {e.share_id: e.to_json() for e in joining}
-        return cp, restore
+        return cp, Restore(preexisting_mig=preexisting,
+                           shares={e.share_id: e.to_json() for e in joining})
 
     def _share_entries(self, plan: PreparePlan, cp: Checkpoint) -> list[ShareEntry]:
         """The claim's shares with their GPU's baseline: read before the first share of a
@@ -249,10 +249,10 @@ class ClaimHardware:
         """
         record = progress[-1]
         devices = list(record.devices)
-        restore: dict[str, Any] = dict(record.restore)
+        restore = record.restore
         # MIG intents stay `created` with ids -1 until the device exists: undo (now or after
         # a crash) then looks them up by placement, skipping devices that predate the claim
-        # (restore["preexistingMig"]), so a placement held by someone else is never touched.
+        # (restore.preexisting_mig), so a placement held by someone else is never touched.
         for i, step in enumerate(plan.steps):
             if isinstance(step.target, DynamicMigTarget) and step.allocated.admin_access:
                 observed = self._observed_mig(plan.claim, step)
@@ -288,12 +288,14 @@ class ClaimHardware:
             if step.allocated.admin_access or step.config is None or step.share is not None:
                 continue  # nothing asked: touch nothing (no implicit time-slicing)
             try:
-                restore = self._apply_settings(plan.claim, step, devices[i], restore)
+                # What to put back is recorded before anything is set: settings applied
+                # before a failure must be restored too.
+                restore = self._remember_settings(step, devices[i], restore)
+                self._apply_settings(plan.claim, step, devices[i])
             except NvmlError as exc:
                 raise ClaimError(_nvml_message(plan.claim, step, exc)) from exc
-            finally:  # settings applied before a failure must be restored too
-                record = record.model_copy(
-                    update={"devices": list(devices), "restore": dict(restore)})
+            finally:
+                record = record.model_copy(update={"devices": list(devices), "restore": restore})
                 progress.append(record)
             persist(record)
             sharing = step.config.sharing
@@ -308,9 +310,9 @@ class ClaimHardware:
                 raise ClaimError(f"claim {plan.claim.ref}: {exc}") from exc
             # Record before starting, so a crash mid-start is rolled back (daemon stopped);
             # the commands too, so start-up can restart a daemon that died with its config.
-            restore["mps"] = {"claim": plan.claim.uid, "uuids": mps_uuids,
-                              "commands": mps_commands}
-            record = record.model_copy(update={"devices": list(devices), "restore": dict(restore)})
+            restore = restore.with_mps(MpsRestore(claim=plan.claim.uid, uuids=mps_uuids,
+                                                  commands=list(mps_commands)))
+            record = record.model_copy(update={"devices": list(devices), "restore": restore})
             progress.append(record)
             persist(record)
             self.mps.start(plan.claim.uid, mps_uuids, mps_commands)
@@ -411,38 +413,33 @@ class ClaimHardware:
                  profile=target.profile.name, placement=target.placement.start, uuid=instance.uuid)
         return instance
 
-    def _apply_settings(
-        self, claim: ClaimToPrepare, step: DeviceStep, device: DeviceRecord,
-        restore: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Compute mode and time slice for one device; remembers what to put back."""
-        config = step.config
-        assert isinstance(config, GpuConfig | MigDeviceConfig)
+    def _remember_settings(self, step: DeviceStep, device: DeviceRecord,
+                           restore: Restore) -> Restore:
+        """``restore`` with what :meth:`_apply_settings` will change on ``device``."""
         uuid = device.uuid
         assert uuid is not None
-        sharing = config.sharing
-        mode_name = config.compute_mode
-        if sharing is not None and sharing.strategy == "MPS":
-            mode_name = "ExclusiveProcess"  # MPS clients share one context per GPU
-        elif sharing is not None and sharing.strategy == "TimeSlicing":
-            mode_name = mode_name or "Default"
+        if _compute_mode_of(step) is not None:
+            restore = restore.with_compute_mode(uuid, self.nvml.compute_mode(uuid))
+        if _time_slice_of(step) is not None:
+            restore = restore.with_time_slice(uuid, TIME_SLICE_VALUES["Default"])
+        return restore
+
+    def _apply_settings(self, claim: ClaimToPrepare, step: DeviceStep,
+                        device: DeviceRecord) -> None:
+        """Compute mode and time slice for one device."""
+        uuid = device.uuid
+        assert uuid is not None
+        mode_name = _compute_mode_of(step)
         if mode_name is not None:
-            previous = self.nvml.compute_mode(uuid)
-            restore.setdefault("computeMode", {}).setdefault(uuid, previous)
             self.nvml.set_compute_mode(uuid, COMPUTE_MODES[mode_name])
-        if isinstance(config, GpuConfig) and config.sharing is not None \
-                and config.sharing.strategy == "TimeSlicing":
-            interval = "Default"
-            if config.sharing.time_slicing_config is not None:
-                interval = config.sharing.time_slicing_config.interval
+        interval = _time_slice_of(step)
+        if interval is not None:
             assert self.commands is not None  # refused in preflight otherwise
-            restore.setdefault("timeSlice", {}).setdefault(uuid, TIME_SLICE_VALUES["Default"])
             try:
                 set_time_slice(self.commands, uuid, TIME_SLICE_VALUES[interval])
             except CommandError as exc:
                 raise ClaimError(f"claim {claim.ref}: device {step.allocated.device!r}: setting "
                                  f"time slice {interval} failed: {exc}") from exc
-        return restore
 
     # --- undo ------------------------------------------------------------------------------
 
@@ -456,7 +453,7 @@ class ClaimHardware:
         """
         gone = self._gone_gpus(record)
         parent_of = {str(d.uuid): str(d.parent_uuid or d.uuid) for d in record.devices if d.uuid}
-        for uuid, mode in (record.restore.get("computeMode") or {}).items():
+        for uuid, mode in record.restore.compute_mode.items():
             if parent_of.get(uuid, uuid) in gone:
                 continue
             try:
@@ -464,17 +461,17 @@ class ClaimHardware:
             except NvmlError as exc:
                 if not exc.is_not_found:  # the MIG device may already be gone
                     raise
-        if record.restore.get("mps") and self.mps is not None:
+        if record.restore.mps is not None and self.mps is not None:
             self.mps.stop(record.uid)
         self._undo_shares(record, cp, gone)
-        for uuid, value in (record.restore.get("timeSlice") or {}).items():
+        for uuid, value in record.restore.time_slice.items():
             if self.commands is not None and uuid not in gone:
                 set_time_slice(self.commands, uuid, int(value))
         crash_point("unprepare:after-settings-restored")
         owned = _owned_elsewhere(cp, record.uid)
         parents: set[str] = set()
         preexisting = {parent: set(ids) for parent, ids in
-                       (record.restore.get("preexistingMig") or {}).items()}
+                       record.restore.preexisting_mig.items()}
         for device in record.devices:
             mig = device.mig
             if mig is None or mig.profile_id < 0 or mig.parent_uuid in gone \
@@ -525,8 +522,8 @@ class ClaimHardware:
         """
         touched = {str(d.parent_uuid or d.uuid) for d in record.devices
                    if (d.uuid or d.parent_uuid)
-                   and (d.uuid in (record.restore.get("computeMode") or {})
-                        or d.uuid in (record.restore.get("timeSlice") or {})
+                   and (d.uuid in record.restore.compute_mode
+                        or d.uuid in record.restore.time_slice
                         or (d.mig is not None and d.mig.profile_id >= 0))}
         touched |= {e.gpu for e in shares.entries_of(record)}
         return {gpu: reason for gpu in sorted(touched)
@@ -582,12 +579,11 @@ class ClaimHardware:
         """Prepared claims that run an MPS daemon, with what it takes to start it again."""
         claims = {}
         for record in cp.completed().values():
-            mps = record.restore.get("mps")
-            if mps:
-                commands = mps.get("commands")  # absent in records of older versions
+            mps = record.restore.mps
+            if mps is not None:
                 claims[record.uid] = MpsClaim(
-                    ref=record.ref, uuids=tuple(mps.get("uuids") or ()),
-                    commands=None if commands is None else tuple(commands))
+                    ref=record.ref, uuids=tuple(mps.uuids),
+                    commands=None if mps.commands is None else tuple(mps.commands))
         for gpu, entries in shares.mps_gpus(cp).items():
             claims[shares.daemon_key(gpu)] = MpsClaim(
                 ref=f"shared GPU {gpu}", uuids=(gpu,),
@@ -639,6 +635,28 @@ class ClaimHardware:
         except NvmlError as exc:
             log.warning("cannot list GPU instances", gpu=parent, error=str(exc))
             return []
+
+
+def _compute_mode_of(step: DeviceStep) -> str | None:
+    """The compute mode a device's config asks for (MPS and time-slicing imply one)."""
+    config = step.config
+    assert isinstance(config, GpuConfig | MigDeviceConfig)
+    sharing = config.sharing
+    if sharing is not None and sharing.strategy == "MPS":
+        return "ExclusiveProcess"  # MPS clients share one context per GPU
+    if sharing is not None and sharing.strategy == "TimeSlicing":
+        return config.compute_mode or "Default"
+    return config.compute_mode
+
+
+def _time_slice_of(step: DeviceStep) -> str | None:
+    """The time-slice interval a full GPU's config asks for, or ``None``."""
+    config = step.config
+    if not isinstance(config, GpuConfig) or config.sharing is None \
+            or config.sharing.strategy != "TimeSlicing":
+        return None
+    slicing = config.sharing.time_slicing_config
+    return "Default" if slicing is None else slicing.interval
 
 
 def _owned_elsewhere(cp: Checkpoint, uid: str) -> set[tuple[str, int, int]]:

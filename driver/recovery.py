@@ -53,6 +53,7 @@ from gpudra.driver.checkpoint_model import (
     ClaimRecord,
     DeviceRecord,
     MigRecord,
+    Restore,
 )
 from gpudra.driver.held import HeldDevice, parent_of
 from gpudra.driver.nvml import COMPUTE_MODE_DEFAULT, MigInstance
@@ -190,7 +191,7 @@ def _from_spec(spec: ClaimSpec, claim: ApiClaim | None, survivors: Survivors,
     _preexisting(devices, restore, gpus)
     return ClaimRecord(uid=uid, namespace=claim.namespace if claim else "",
                        name=claim.name if claim else "", state=PREPARE_COMPLETED,
-                       devices=devices, restore=restore), held
+                       devices=devices, restore=Restore.model_validate(restore)), held
 
 
 def _mig_record(record: DeviceRecord, target: Target, gpu: GpuHardware | None,
@@ -315,7 +316,8 @@ def _unfinished(claim: ApiClaim, targets: Mapping[str, Target],
         return None
     _preexisting(devices, restore, gpus)
     return ClaimRecord(uid=claim.uid, namespace=claim.namespace, name=claim.name,
-                       state=PREPARE_STARTED, devices=devices, restore=restore)
+                       state=PREPARE_STARTED, devices=devices,
+                       restore=Restore.model_validate(restore))
 
 
 def _note(record: ClaimRecord, claimed: set[tuple[str, int]], explained: set[str],
@@ -329,7 +331,7 @@ def _note(record: ClaimRecord, claimed: set[tuple[str, int]], explained: set[str
             if d.mig.created and d.mig.parent_uuid in gpus:
                 baselines[d.mig.parent_uuid] = False  # we turned MIG on for it
         if d.kind == "gpu" and d.uuid and not d.admin_access and (
-                d.uuid in (record.restore.get("computeMode") or {}) or d.share_id):
+                d.uuid in record.restore.compute_mode or d.share_id):
             explained.add(d.uuid)
 
 

@@ -179,7 +179,7 @@ def _with_config(claim: ClaimToPrepare, entry: ShareEntry, config: object) -> Sh
 
 def entries_of(record: ClaimRecord) -> list[ShareEntry]:
     return [ShareEntry.from_json(sid, raw)
-            for sid, raw in (record.restore.get("shares") or {}).items()]
+            for sid, raw in record.restore.shares.items()]
 
 
 def shared_gpus(cp: Checkpoint) -> dict[str, int]:
@@ -206,7 +206,7 @@ def check_against_prepared(
     time slice) per GPU, and the GPU's capacity never overcommitted."""
     where = f"claim {claim.ref}: device {entry.device!r} (share {entry.share_id})"
     for record in cp.claims.values():
-        if record.uid != claim.uid and entry.share_id in (record.restore.get("shares") or {}):
+        if record.uid != claim.uid and entry.share_id in record.restore.shares:
             raise ClaimError(f"{where}: share ID {entry.share_id} is already prepared for "
                              f"claim {record.ref}")
     others = [*shares_on_gpu(cp, entry.gpu, claim.uid), *earlier]

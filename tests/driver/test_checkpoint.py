@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from gpudra.driver.checkpoint_codec import CheckpointCorrupt, CheckpointVersionUnsupported, encode
 from gpudra.driver.checkpoint_lock import CheckpointLockTimeout
@@ -113,7 +114,7 @@ def test_restore_data_with_non_string_keys_still_verifies(tmp_path):
     record = ClaimRecord(uid="u", namespace="n", name="c", state=PREPARE_STARTED, devices=[],
                          restore={2: "a", 10: "b"})
     store.save(with_claim_started(Checkpoint(boot_id="b"), record))
-    assert store.load().claims["u"].restore == {"2": "a", "10": "b"}  # as JSON has it
+    assert store.load().claims["u"].restore.model_extra == {"2": "a", "10": "b"}  # JSON's
 
 
 def test_missing_file_is_an_empty_checkpoint_of_this_boot(tmp_path):
@@ -125,6 +126,24 @@ def test_missing_file_is_an_empty_checkpoint_of_this_boot(tmp_path):
 def test_boot_id_defaults_to_the_kernels():
     assert CheckpointStore(Path("/nonexistent")).boot_id == current_boot_id()
     assert current_boot_id() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_restore_is_typed_and_written_as_before(tmp_path):
+    record = ClaimRecord(uid="u", namespace="n", name="c", state=PREPARE_STARTED, devices=[],
+                         restore={"mps": {"claim": "u", "uuids": ("GPU-1",)},
+                                  "timeSlice": {"GPU-1": 0}, "futureKey": [1]})
+    assert record.restore.mps is not None and record.restore.mps.uuids == ["GPU-1"]
+    assert record.restore.time_slice == {"GPU-1": 0} and record.restore.compute_mode == {}
+    store = CheckpointStore(tmp_path, boot_id="b")
+    store.save(with_claim_started(Checkpoint(boot_id="b"), record))
+    written = json.loads((tmp_path / "checkpoint.json").read_text())["data"]["claims"]["u"]
+    # empty fields are left out, as the untyped record had them; unknown keys are kept
+    assert written["restore"] == {"timeSlice": {"GPU-1": 0}, "futureKey": [1],
+                                  "mps": {"claim": "u", "uuids": ["GPU-1"]}}
+    assert CheckpointStore(tmp_path, boot_id="b").load().claims["u"] == record
+    with pytest.raises(ValidationError, match="timeSlice"):
+        ClaimRecord(uid="u", namespace="n", name="c", state=PREPARE_STARTED, devices=[],
+                    restore={"timeSlice": {"GPU-1": "fast"}})
 
 
 def test_two_phase_transitions_and_queries():
