@@ -9,15 +9,27 @@ or a file is untrusted), turned into checkpoint records by :mod:`gpudra.driver.r
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from gpudra.api.identifiers import (
+    IdentifierError,
+    check_device,
+    check_request,
+    check_share_id,
+    check_uid,
+    claim_problems,
+    shown,
+)
 from gpudra.driver.cdi import spec_kind
 from gpudra.driver.nvml import MigInstance
 
 MAX_SPEC_BYTES: Final = 1 << 20
 """A claim's spec is a few KiB; anything larger is not one the daemon wrote."""
+_DEVICE: Final = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,250}[a-z0-9])?")
+"""A spec's device name after the claim UID: a device, or ``<device>-<shareID>``."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,10 @@ class Survivors:
 
 def parse_spec(uid: str, content: bytes, driver: str) -> ClaimSpec | str:
     """A claim's spec file → its devices; a string saying why it is not one of ours."""
+    try:
+        check_uid(uid, "claim UID in the file name")
+    except IdentifierError as exc:
+        return str(exc)
     if len(content) > MAX_SPEC_BYTES:
         return f"larger than {MAX_SPEC_BYTES} bytes"
     try:
@@ -97,7 +113,9 @@ def parse_spec(uid: str, content: bytes, driver: str) -> ClaimSpec | str:
     for raw in raw_devices:
         name = raw.get("name") if isinstance(raw, dict) else None
         if not isinstance(name, str) or not name.startswith(prefix) or len(name) > 300:
-            return f"device name {name!r} does not start with the claim UID"
+            return f"device name {shown(name)} does not start with the claim UID"
+        if not _DEVICE.fullmatch(name.removeprefix(prefix)):
+            return f"device name {shown(name)} is not a device this driver names"
         edits = raw.get("containerEdits")
         env = edits.get("env") if isinstance(edits, dict) else None
         devices.append(SpecDevice(name.removeprefix(prefix), tuple(
@@ -126,8 +144,8 @@ def _api_claim(obj: object, *, driver: str, pool: str, node: str) -> ApiClaim | 
     if not isinstance(meta, dict) or not isinstance(status, dict):
         return None
     uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
-    if not all(isinstance(v, str) and v for v in (uid, namespace, name)):
-        return None
+    if claim_problems(namespace, name, uid):
+        return None  # names that reach log lines and records: their Kubernetes form only
     allocation = status.get("allocation")
     if not isinstance(allocation, dict) or not _selects(allocation.get("nodeSelector"), node):
         return None
@@ -139,13 +157,15 @@ def _api_claim(obj: object, *, driver: str, pool: str, node: str) -> ApiClaim | 
     for raw in raw_results:
         if not isinstance(raw, dict) or raw.get("driver") != driver or raw.get("pool") != pool:
             continue
-        request, device = raw.get("request"), raw.get("device")
-        if not isinstance(request, str) or not isinstance(device, str):
-            continue
         share_id = raw.get("shareID")
+        try:
+            request, device = check_request(raw.get("request")), check_device(raw.get("device"))
+            share_id = None if share_id is None else check_share_id(share_id)
+        except IdentifierError:
+            continue
         results.append(AllocatedResult(
             request=request, device=device, admin_access=raw.get("adminAccess") is True,
-            share_id=share_id if isinstance(share_id, str) else None,
+            share_id=share_id,
             consumed=_quantities(raw.get("consumedCapacity"))))
     if not results:
         return None

@@ -55,6 +55,8 @@ DRIVER = "gpu.nvidia.com"
 POOL = NODE = "node-a"
 UID_A = "0a0a0a0a-0000-4000-8000-00000000000a"
 UID_B = "0b0b0b0b-0000-4000-8000-00000000000b"
+UID_C = "0c0c0c0c-0000-4000-8000-00000000000c"
+UID_D = "0d0d0d0d-0000-4000-8000-00000000000d"
 MIG = "gpu-1-mig-1g10gb-19-6"
 SHARE_ID = "5a5a5a5a-0000-4000-8000-00000000000a"
 EXCLUSIVE = COMPUTE_MODE_EXCLUSIVE_PROCESS
@@ -124,14 +126,13 @@ def test_a_full_gpu_in_exclusive_mode_is_rebuilt_to_be_put_back_to_default(index
     assert (device.device, device.kind, device.uuid) == ("gpu-0", "gpu", uuid_of(index, "gpu-0"))
     assert device.request_names == ["req"]
     assert device.cdi_device_ids == [f"k8s.{DRIVER}/claim={UID_A}-gpu-0"]
-    assert record.restore.model_dump() == {
-        "computeMode": {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}}
+    assert record.restore == {"computeMode": {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}}
     assert result.held == ()
 
 
 def test_a_full_gpu_left_in_default_mode_has_nothing_to_put_back(index):
     result = run(index, specs=[spec(UID_A, "gpu-0")])
-    assert result.checkpoint.claims[UID_A].restore.model_dump() == {}
+    assert result.checkpoint.claims[UID_A].restore == {}
 
 
 def test_without_the_api_server_the_spec_alone_rebuilds_the_claim(index):
@@ -140,7 +141,7 @@ def test_without_the_api_server_the_spec_alone_rebuilds_the_claim(index):
     record = result.checkpoint.claims[UID_A]
     assert (record.namespace, record.name) == ("", "")
     assert record.devices[0].request_names == []
-    assert record.restore.compute_mode == {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}
+    assert record.restore["computeMode"] == {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}
     assert result.held == ()
 
 
@@ -155,7 +156,7 @@ def test_a_dynamic_mig_device_is_rebuilt_as_created_and_mig_mode_as_turned_on(in
     assert device.mig is not None and device.mig.created
     assert (device.mig.gpu_instance_id, device.mig.profile_id, device.mig.placement_start,
             device.mig.mig_uuid) == (5, 19, 6, "MIG-aaaa")
-    assert record.restore.preexisting_mig == {parent: [1]}
+    assert record.restore["preexistingMig"] == {parent: [1]}
     assert result.checkpoint.mig_mode_baseline == {parent: False}
     assert result.held == ()
 
@@ -200,7 +201,7 @@ def test_an_mps_share_is_rebuilt_from_its_client_environment(index):
     record = result.checkpoint.claims[UID_A]
     [device] = record.devices
     assert (device.device, device.share_id) == ("gpu-0-shared", SHARE_ID)
-    assert record.restore.shares[SHARE_ID] == {
+    assert record.restore["shares"][SHARE_ID] == {
         "gpu": uuid_of(index, "gpu-0"), "device": "gpu-0-shared", "strategy": "MPS",
         "memoryBytes": 20480 << 20, "multiprocessors": 33, "shares": 1, "threadPercentage": 25,
         "interval": "Default", "baselineComputeMode": COMPUTE_MODE_DEFAULT}
@@ -210,7 +211,7 @@ def test_an_mps_share_is_rebuilt_from_its_client_environment(index):
 def test_a_claims_mps_daemon_is_kept_as_its_own(index):
     result = run(index, specs=[spec(UID_A, "gpu-0")], hw=gpus(index, modes={0: EXCLUSIVE}),
                  mps=frozenset({UID_A}))
-    assert result.checkpoint.claims[UID_A].restore.model_dump()["mps"] == {
+    assert result.checkpoint.claims[UID_A].restore["mps"] == {
         "claim": UID_A, "uuids": [uuid_of(index, "gpu-0")]}
 
 
@@ -222,7 +223,7 @@ def test_admin_access_is_rebuilt_as_observing_only(index):
                  published={parent: True})
     record = result.checkpoint.claims[UID_A]
     assert all(d.admin_access for d in record.devices)
-    assert not record.restore.compute_mode
+    assert "computeMode" not in record.restore
     assert not record.devices[1].mig.created  # type: ignore[union-attr]
     # what it observes is somebody else's: held
     assert sorted(h.kind for h in result.held) == ["compute-mode", "mig"]
@@ -231,7 +232,7 @@ def test_admin_access_is_rebuilt_as_observing_only(index):
 def test_a_spec_naming_a_device_the_node_does_not_publish_is_kept_and_held(index):
     result = run(index, specs=[spec(UID_A, "gpu-9")])
     record = result.checkpoint.claims[UID_A]
-    assert [d.device for d in record.devices] == ["gpu-9"] and record.restore.model_dump() == {}
+    assert [d.device for d in record.devices] == ["gpu-9"] and record.restore == {}
     [held] = result.held
     assert (held.kind, held.claim, held.gpu) == ("device", UID_A, None)
 
@@ -259,7 +260,7 @@ def test_a_reserved_claim_without_a_spec_never_finished_and_is_rolled_back(index
     assert {uid: r.state for uid, r in result.checkpoint.claims.items()} == {
         UID_A: PREPARE_STARTED, UID_B: PREPARE_STARTED}
     assert result.checkpoint.claims[UID_A].devices[0].mig.created  # type: ignore[union-attr]
-    assert result.checkpoint.claims[UID_B].restore.compute_mode == {
+    assert result.checkpoint.claims[UID_B].restore["computeMode"] == {
         uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}
     assert len(result.restarted) == 2 and result.rebuilt == () and result.held == ()
 
@@ -352,6 +353,9 @@ def test_parse_spec(tmp_path: Path):
         f"larger than {MAX_SPEC_BYTES} bytes")
     assert parse_spec(UID_A, b'{"kind": "k8s.gpu.nvidia.com/claim", "devices": []}',
                       DRIVER) == "no devices"
+    assert "is not a lower-case RFC 4122 UUID" in str(parse_spec("..", b"{}", DRIVER))
+    assert parse_spec(UID_A, _spec_doc(UID_A, "../gpu-0"), DRIVER) == (
+        f"device name '{UID_A}-../gpu-0' is not a device this driver names")
 
 
 def _claim_obj(uid: Any = UID_A, *, node: str = NODE, driver: str = DRIVER,
@@ -369,18 +373,33 @@ def test_api_claims_keep_only_this_nodes_driver_and_pool():
         _claim_obj(shareID=SHARE_ID, adminAccess=True,
                    consumedCapacity={"memory": "20Gi", "shares": "1", "bad": "1.5"}),
         _claim_obj(UID_B, node="node-b"),
-        _claim_obj("c" * 8, driver="other.example.com"),
+        _claim_obj(UID_C, driver="other.example.com"),
         _claim_obj(5), {"metadata": []}, "junk", {"metadata": {"uid": "x"}, "status": "s"},
-        _claim_obj("d" * 8, reserved=False) | {"metadata": {"uid": "d" * 8, "namespace": "n",
-                                                            "name": "n"}},
+        _claim_obj(UID_D, reserved=False),
     ]
     found = api_claims(objects, driver=DRIVER, pool=POOL, node=NODE)
-    assert sorted(found) == [UID_A, "d" * 8]
+    assert sorted(found) == [UID_A, UID_D]
     [result] = found[UID_A].results
     assert (result.device, result.request, result.admin_access, result.share_id) == (
         "gpu-0", "r", True, SHARE_ID)
     assert result.consumed == {"memory": 20 << 30, "shares": 1}
-    assert found[UID_A].reserved and not found["d" * 8].reserved
+    assert found[UID_A].reserved and not found[UID_D].reserved
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("uid", "../../etc"), ("uid", "0A0A0A0A-0000-4000-8000-00000000000A"),
+    ("namespace", "a/b"), ("name", "x" * 300), ("request", "../r"), ("device", "gpu 0"),
+    ("shareID", "/tmp/x"),
+])
+def test_api_claims_with_identifiers_out_of_their_form_are_left_out(field, value):
+    """The API server is untrusted: what would reach a log line, a record or a path is
+    checked first; a claim that fails is not used (its spec, if any, still names it)."""
+    obj = _claim_obj()
+    if field in ("uid", "namespace", "name"):
+        obj["metadata"][field] = value
+    else:
+        obj["status"]["allocation"]["devices"]["results"][0][field] = value
+    assert api_claims([obj], driver=DRIVER, pool=POOL, node=NODE) == {}
 
 
 def test_published_mig_tells_dynamic_from_static():
