@@ -76,7 +76,7 @@ async def health_of(daemon: Daemon) -> dict[str, int]:
 async def test_critical_xid_taints_reports_unhealthy_and_recovers(daemon, fake_api):
     wait_for(lambda: len(fake_api.list("ResourceSlice")) == 4)
     sim(daemon, "xid", "--gpu", "0", "--xid", "79")
-    wait_for(lambda: bool(taints(fake_api, "gpu-0")))  # how fast: bench/, not here
+    wait_for(lambda: bool(taints(fake_api, "gpu-0")))  # how fast: bench/xid_taint.py
     (taint,) = taints(fake_api, "gpu-0")
     assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79",
                                                                  "NoSchedule")
