@@ -126,13 +126,14 @@ def test_a_full_gpu_in_exclusive_mode_is_rebuilt_to_be_put_back_to_default(index
     assert (device.device, device.kind, device.uuid) == ("gpu-0", "gpu", uuid_of(index, "gpu-0"))
     assert device.request_names == ["req"]
     assert device.cdi_device_ids == [f"k8s.{DRIVER}/claim={UID_A}-gpu-0"]
-    assert record.restore == {"computeMode": {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}}
+    assert record.restore.model_dump() == {
+        "computeMode": {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}}
     assert result.held == ()
 
 
 def test_a_full_gpu_left_in_default_mode_has_nothing_to_put_back(index):
     result = run(index, specs=[spec(UID_A, "gpu-0")])
-    assert result.checkpoint.claims[UID_A].restore == {}
+    assert result.checkpoint.claims[UID_A].restore.model_dump() == {}
 
 
 def test_without_the_api_server_the_spec_alone_rebuilds_the_claim(index):
@@ -141,7 +142,7 @@ def test_without_the_api_server_the_spec_alone_rebuilds_the_claim(index):
     record = result.checkpoint.claims[UID_A]
     assert (record.namespace, record.name) == ("", "")
     assert record.devices[0].request_names == []
-    assert record.restore["computeMode"] == {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}
+    assert record.restore.compute_mode == {uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}
     assert result.held == ()
 
 
@@ -156,7 +157,7 @@ def test_a_dynamic_mig_device_is_rebuilt_as_created_and_mig_mode_as_turned_on(in
     assert device.mig is not None and device.mig.created
     assert (device.mig.gpu_instance_id, device.mig.profile_id, device.mig.placement_start,
             device.mig.mig_uuid) == (5, 19, 6, "MIG-aaaa")
-    assert record.restore["preexistingMig"] == {parent: [1]}
+    assert record.restore.preexisting_mig == {parent: [1]}
     assert result.checkpoint.mig_mode_baseline == {parent: False}
     assert result.held == ()
 
@@ -201,7 +202,7 @@ def test_an_mps_share_is_rebuilt_from_its_client_environment(index):
     record = result.checkpoint.claims[UID_A]
     [device] = record.devices
     assert (device.device, device.share_id) == ("gpu-0-shared", SHARE_ID)
-    assert record.restore["shares"][SHARE_ID] == {
+    assert record.restore.shares[SHARE_ID] == {
         "gpu": uuid_of(index, "gpu-0"), "device": "gpu-0-shared", "strategy": "MPS",
         "memoryBytes": 20480 << 20, "multiprocessors": 33, "shares": 1, "threadPercentage": 25,
         "interval": "Default", "baselineComputeMode": COMPUTE_MODE_DEFAULT}
@@ -211,7 +212,7 @@ def test_an_mps_share_is_rebuilt_from_its_client_environment(index):
 def test_a_claims_mps_daemon_is_kept_as_its_own(index):
     result = run(index, specs=[spec(UID_A, "gpu-0")], hw=gpus(index, modes={0: EXCLUSIVE}),
                  mps=frozenset({UID_A}))
-    assert result.checkpoint.claims[UID_A].restore["mps"] == {
+    assert result.checkpoint.claims[UID_A].restore.model_dump()["mps"] == {
         "claim": UID_A, "uuids": [uuid_of(index, "gpu-0")]}
 
 
@@ -223,7 +224,7 @@ def test_admin_access_is_rebuilt_as_observing_only(index):
                  published={parent: True})
     record = result.checkpoint.claims[UID_A]
     assert all(d.admin_access for d in record.devices)
-    assert "computeMode" not in record.restore
+    assert not record.restore.compute_mode
     assert not record.devices[1].mig.created  # type: ignore[union-attr]
     # what it observes is somebody else's: held
     assert sorted(h.kind for h in result.held) == ["compute-mode", "mig"]
@@ -232,7 +233,7 @@ def test_admin_access_is_rebuilt_as_observing_only(index):
 def test_a_spec_naming_a_device_the_node_does_not_publish_is_kept_and_held(index):
     result = run(index, specs=[spec(UID_A, "gpu-9")])
     record = result.checkpoint.claims[UID_A]
-    assert [d.device for d in record.devices] == ["gpu-9"] and record.restore == {}
+    assert [d.device for d in record.devices] == ["gpu-9"] and record.restore.model_dump() == {}
     [held] = result.held
     assert (held.kind, held.claim, held.gpu) == ("device", UID_A, None)
 
@@ -260,7 +261,7 @@ def test_a_reserved_claim_without_a_spec_never_finished_and_is_rolled_back(index
     assert {uid: r.state for uid, r in result.checkpoint.claims.items()} == {
         UID_A: PREPARE_STARTED, UID_B: PREPARE_STARTED}
     assert result.checkpoint.claims[UID_A].devices[0].mig.created  # type: ignore[union-attr]
-    assert result.checkpoint.claims[UID_B].restore["computeMode"] == {
+    assert result.checkpoint.claims[UID_B].restore.compute_mode == {
         uuid_of(index, "gpu-0"): COMPUTE_MODE_DEFAULT}
     assert len(result.restarted) == 2 and result.rebuilt == () and result.held == ()
 
