@@ -75,6 +75,7 @@ class _Claim:
     """One claim being allocated: its requests, constraints and the devices picked so far."""
 
     def __init__(self, claim: Mapping[str, Any]) -> None:
+        self.source = claim
         self.label = claim_label(claim)
         devices = (claim.get("spec") or {}).get("devices") or {}
         self.groups = request_groups(devices)
@@ -110,6 +111,10 @@ class Allocator:
                                shared_consumption(allocations))
         self.classes = {str((c.get("metadata") or {}).get("name", "")): c
                         for c in device_classes}
+        self.verdicts: dict[tuple[int, str, str, int], tuple[Any, Any, _Verdict]] = {}
+        """Selector and taint verdicts by (claim, request, driver, device dict): identical
+        nodes share device dicts, so a claim explained on a thousand of them evaluates its
+        CEL once per distinct device. The value keeps both dicts alive (ids stay unique)."""
 
     def nodes(self) -> list[str]:
         """Nodes with node-local pools, by name."""
@@ -204,6 +209,24 @@ class _Run:
                     taint.get("key", ""), taint.get("value", ""), taint.get("effect", "")))
         return _MATCH
 
+    def _verdicts(self, claim: _Claim, request: Request, checks: list[_Check]) -> list[_Verdict]:
+        cache = self.allocator.verdicts
+        claim_id = id(claim.source)
+        out = []
+        for entry in self.devices:
+            if entry.per_device_node:  # depends on the node: not shared
+                out.append(self._verdict(request, checks, entry))
+                continue
+            key = (claim_id, request.name, entry.pool.driver, id(entry.raw))
+            found = cache.get(key)
+            if found is None:
+                verdict = self._verdict(request, checks, entry)
+                cache[key] = (claim.source, entry.raw, verdict)
+            else:
+                verdict = found[2]
+            out.append(verdict)
+        return out
+
     def _prepare(self) -> None:
         """``validateDeviceRequest`` for every (sub)request, in order; errors abort."""
         for ci, claim in enumerate(self.claims):
@@ -233,7 +256,7 @@ class _Run:
         checks = self._compiled(claim, request, device_class)
         self.traces[key].expressions = {c.false.reason: c.selector.expression
                                         for c in checks if c.selector is not None}
-        self.verdicts[key] = [self._verdict(request, checks, e) for e in self.devices]
+        self.verdicts[key] = self._verdicts(claim, request, checks)
         if not request.all_mode:
             return request.count
         for note in self.pools.skipped:

@@ -226,17 +226,32 @@ def _validate_devices(pool: Pool) -> str | None:
     return None
 
 
-def _build_pool(driver: str, name: str, slices: list[Mapping[str, Any]]) -> Pool:
+_Checked = tuple[list[Any], dict[str, dict[str, Amount]], str | None, bool]
+"""What a pool's slices gave: (their lists, kept alive), counter sets, invalid, binding."""
+
+
+def _build_pool(driver: str, name: str, slices: list[Mapping[str, Any]],
+                checked: dict[tuple[int, ...], _Checked]) -> Pool:
     slices = sorted(slices, key=_slice_name)
     wanted = int((_spec(slices[0]).get("pool") or {}).get("resourceSliceCount", 1) or 1)
     pool = Pool(driver, name, slices, complete=len(slices) >= wanted)
     if not pool.complete:
         return pool
-    pool.counter_sets, pool.invalid = _counter_sets(slices)
-    if pool.invalid is None:
-        pool.invalid = _validate_devices(pool)
-    pool.binding_conditions = any(
-        d.get("bindingConditions") for obj in slices for d in _spec(obj).get("devices") or [])
+    # Identical (simulated) nodes share their slices' device and counter lists: such a
+    # pool is parsed and validated once, not once per node.
+    lists = [x for obj in slices for x in (_spec(obj).get("devices"),
+                                           _spec(obj).get("sharedCounters"))]
+    key = tuple(id(x) for x in lists)
+    found = checked.get(key)
+    if found is None:
+        pool.counter_sets, pool.invalid = _counter_sets(slices)
+        if pool.invalid is None:
+            pool.invalid = _validate_devices(pool)
+        pool.binding_conditions = any(
+            d.get("bindingConditions") for obj in slices for d in _spec(obj).get("devices") or [])
+        checked[key] = (lists, pool.counter_sets, pool.invalid, pool.binding_conditions)
+    else:
+        _, pool.counter_sets, pool.invalid, pool.binding_conditions = found
     return pool
 
 
@@ -259,7 +274,8 @@ class PoolIndex:
                 grouped[key] = [obj]
             elif generation == current:
                 grouped[key].append(obj)
-        self.pools = [_build_pool(d, p, s) for (d, p), s in sorted(grouped.items())]
+        checked: dict[tuple[int, ...], _Checked] = {}
+        self.pools = [_build_pool(d, p, s, checked) for (d, p), s in sorted(grouped.items())]
         self.allocated: frozenset[DeviceId] = frozenset(allocated)
         self.shared: Mapping[DeviceId, Mapping[str, Amount]] = dict(shared or {})
         """Multi-allocatable devices with existing shares, and what those consume."""
