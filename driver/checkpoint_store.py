@@ -246,7 +246,7 @@ class CheckpointStore:
     def _write(self, content: bytes, as_read: Checkpoint) -> None:
         """Replace the snapshot with ``content``, which a reader decodes as ``as_read``
         (under the lock)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # The directory exists: the lock file held meanwhile is in it (made with its mode).
         self._cache = self._written = None
         atomic_write(self.path, content, tmp=self.directory / f"{FILE_NAME}.tmp-{os.getpid()}")
         # The previous build's journal, if any, completed the snapshot just replaced; the
