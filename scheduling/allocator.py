@@ -546,28 +546,34 @@ class _Run:
     def _traces(self, done: bool) -> list[RequestTrace]:
         chosen = ({(ci, r.name, e.id) for ci, c in enumerate(self.claims) for r, e in c.results}
                   if done else set())
+        allocated = self.index.allocated
+        outcome = DeviceOutcome
         traces = []
+        # One outcome per device and request on every node: the loop is kept lean (a
+        # thousand simulated nodes of 208 devices make 416,000 of them per request pair).
         for key, trace in self.traces.items():
             ci, gi, ai = key
             request = self.claims[ci].groups[gi].alternatives[ai]
             trace.selected = done and self.claims[ci].selected.get(gi, 0) == ai
             trace.devices = self.devices
             dynamic = self.dynamic[key]
-            outcomes = trace.outcomes
+            mine = {i for c, name, i in chosen if c == ci and name == request.name}
+            admin = request.admin_access
+            append = trace.outcomes.append
             # (no verdicts: preparation stopped at an error before this request)
             for entry, verdict in zip(self.devices, self.verdicts.get(key, ()), strict=False):
-                if (ci, request.name, entry.id) in chosen:
-                    outcomes.append(DeviceOutcome(entry.id, "chosen"))
-                elif verdict.matches and not request.admin_access and (
-                        entry.id in self.index.allocated):
-                    outcomes.append(DeviceOutcome(entry.id, "rejected", *_astuple(_ALLOCATED)))
-                elif not verdict.matches:
-                    outcomes.append(DeviceOutcome(entry.id, "rejected", *_astuple(verdict)))
-                elif entry.id in dynamic:
-                    outcomes.append(DeviceOutcome(entry.id, "rejected",
-                                                  *_astuple(dynamic[entry.id])))
+                device = entry.id
+                if device in mine:
+                    append(outcome(device, "chosen"))
+                elif verdict.code:
+                    append(outcome(device, "rejected", verdict.code, verdict.reason))
+                elif not admin and device in allocated:
+                    append(outcome(device, "rejected", _ALLOCATED.code, _ALLOCATED.reason))
+                elif device in dynamic:
+                    found = dynamic[device]
+                    append(outcome(device, "rejected", found.code, found.reason))
                 else:
-                    outcomes.append(DeviceOutcome(entry.id, "matches", "", "matches, not needed"))
+                    append(outcome(device, "matches", "", "matches, not needed"))
             traces.append(trace)
         return traces
 

@@ -47,7 +47,7 @@ from tests.scheduling.differential_cases import (
     write_inputs,
 )
 
-CASES = int(os.environ.get("DIFFERENTIAL_CASES", "1000"))
+CASES = int(os.environ.get("DIFFERENTIAL_CASES", "5000"))
 SEED = int(os.environ.get("DIFFERENTIAL_SEED", "29"))
 PARALLEL = 2
 """Oracle processes at a time (CI has two cores; this process computes our side meanwhile)."""
