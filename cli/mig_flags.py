@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import argparse
 
-from gpudra.cli.options import CliError, env
+from gpudra.cli.options import CliError, env, feature_gates
 from gpudra.driver.mig_offer import PLACEMENTS, MigOffer, MigOfferError, parse_offer
 
 
 def add_mig_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dynamic-mig-gpus", metavar="all|none|LIST",
-                        default=env("DYNAMIC_MIG_GPUS", "none"),
+                        default=env("DYNAMIC_MIG_GPUS"),
                         help="GPUs that offer MIG devices made on demand (class "
                              "mig.nvidia.com): all, none, or comma-separated minor numbers "
-                             "or UUIDs (env DYNAMIC_MIG_GPUS; default none: under a 1.36 "
-                             "scheduler each node offering them slows every node's "
-                             "scheduling; needs the DynamicMIG gate)")
+                             "or UUIDs (env DYNAMIC_MIG_GPUS; default none, or all when "
+                             "--feature-gates says DynamicMIG=true, as NVIDIA's driver "
+                             "reads it: under a 1.36 scheduler each node offering them "
+                             "slows every node's scheduling; needs the DynamicMIG gate)")
     parser.add_argument("--dynamic-mig-profiles", metavar="all|LIST",
                         default=env("DYNAMIC_MIG_PROFILES", "all"),
                         help="the profiles they offer: all, or comma-separated names such as "
@@ -35,9 +36,12 @@ def add_mig_flags(parser: argparse.ArgumentParser) -> None:
 
 def mig_offer(args: argparse.Namespace) -> MigOffer:
     """The parsed flags; a bad value is a one-line CliError naming the flag and its env."""
+    gpus = args.dynamic_mig_gpus
+    if gpus is None:
+        # Asked for by name (a values file written for NVIDIA's chart): every GPU, as there.
+        gpus = "all" if feature_gates(args).values.get("DynamicMIG") is True else "none"
     try:
-        return parse_offer(args.dynamic_mig_gpus, args.dynamic_mig_profiles,
-                           args.dynamic_mig_placements)
+        return parse_offer(gpus, args.dynamic_mig_profiles, args.dynamic_mig_placements)
     except MigOfferError as exc:
         flag = str(exc).split(":", 1)[0]
         name = flag.removeprefix("--").upper().replace("-", "_")

@@ -224,3 +224,19 @@ def test_a_disjoint_device_is_made_when_prepared_and_stays_published(tmp_path):
         assert _published(node, ModelOptions(mig=NOTHING)) == ["gpu-0"]
     finally:
         node.close()
+
+
+@pytest.mark.parametrize(("flags", "mig_devices"), [
+    ([], 0),
+    (["--feature-gates", "DynamicMIG=true"], 200),  # NVIDIA's chart's way to ask for it
+    (["--feature-gates", "DynamicMIG=true", "--dynamic-mig-gpus", "none"], 0),
+    (["--feature-gates", "DynamicMIG=false", "--dynamic-mig-gpus", "all"], 0),
+])
+def test_dynamic_mig_asked_for_by_gate_name_offers_every_gpu(monkeypatch, capsys, flags,
+                                                             mig_devices):
+    monkeypatch.delenv("DYNAMIC_MIG_GPUS", raising=False)
+    assert main(["inventory", "--simulate", "dgx-h100", "-o", "json", *flags]) == 0
+    slices = json.loads(capsys.readouterr().out)["items"]
+    migs = [d for s in slices for d in s["spec"].get("devices", [])
+            if d["attributes"]["type"]["string"] == "mig"]
+    assert len(migs) == mig_devices
