@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pynvml
 import pytest
 
 from gpudra.driver import sim
+from tests import mps_leaks
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -23,6 +25,24 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         del os.environ["XDG_CACHE_HOME"]
     else:
         os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_mps_daemons() -> Iterator[None]:
+    """Every process the test starts carries a mark of its own; at teardown (after the
+    test's other fixtures) simulated MPS control daemons with that mark are stopped, and the
+    test fails if one had outlived its directory (see :mod:`tests.mps_leaks`)."""
+    mark = uuid.uuid4().hex
+    saved = os.environ.get(mps_leaks.MARK_ENV)
+    os.environ[mps_leaks.MARK_ENV] = mark
+    yield
+    if saved is None:
+        os.environ.pop(mps_leaks.MARK_ENV, None)
+    else:
+        os.environ[mps_leaks.MARK_ENV] = saved
+    leaked = mps_leaks.stop_all(mark)
+    if leaked:
+        pytest.fail(mps_leaks.describe(leaked))
 
 
 @pytest.fixture

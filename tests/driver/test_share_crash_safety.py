@@ -18,6 +18,7 @@ from gpudra.driver.faults import CRASH_EXIT_CODE, ENV, POINTS
 from gpudra.driver.gpu_shares import ALL
 from gpudra.driver.shares import daemon_key
 from gpudra.driver.sim.mps_daemon import read_limits
+from tests import mps_leaks
 from tests.driver.node_fixture import SimNode, start_node
 from tests.driver.test_shares import (
     GIB,
@@ -62,6 +63,11 @@ def on_disk(root: Path) -> Checkpoint:
     return CheckpointStore(root / "plugin", boot_id="boot-1").load()
 
 
+def daemons() -> list[mps_leaks.SimDaemon]:
+    """This test's live control daemons (the crash workers' too: they inherit its mark)."""
+    return mps_leaks.find(os.environ[mps_leaks.MARK_ENV])
+
+
 def converged(root: Path, prepared: set[str], *, specs: bool = True) -> None:
     """Restart and check exactly ``prepared`` shares hold the GPU, with their limits (and,
     with ``specs``, their CDI specs: an unprepare may have removed one before it died)."""
@@ -75,10 +81,12 @@ def converged(root: Path, prepared: set[str], *, specs: bool = True) -> None:
         assert mps is not None
         mode = node.control.snapshot()["gpus"][0]["compute_mode"]
         if not prepared:
-            assert mps.claim_uids() == []  # no orphan daemon, no directory
+            assert mps.claim_uids() == [] and daemons() == []  # no orphan daemon, no directory
             assert mode == 0
             return
-        assert mps.claim_uids() == [key] and mps.running_pid(key) is not None
+        pid = mps.running_pid(key)
+        assert mps.claim_uids() == [key] and pid is not None
+        assert [d.pid for d in daemons()] == [pid]  # the one the restart adopted or started
         limits = read_limits(root / "plugin" / "mps" / key / "log")
         biggest = max(MEMORY[u] for u in prepared) >> 20
         assert limits["defaultDevicePinnedMemLimit"] == {uuid: f"{biggest}M"}
@@ -92,6 +100,7 @@ def converged(root: Path, prepared: set[str], *, specs: bool = True) -> None:
             node.state.unprepare(uid)
         assert node.state.hardware.mps is not None
         assert node.state.hardware.mps.claim_uids() == []
+        assert daemons() == []  # stopped, not just its directory removed
         node.close()
         sim.uninstall()
 
