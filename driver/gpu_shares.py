@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpudra.driver.devices import CounterConsumption, CounterSet, Device, RequestPolicy
+from gpudra.driver.gpu_list import parse_gpu_list
 from gpudra.driver.mig import counter_set_name
 
 SHARED_TYPE: Final = "gpu-share"
@@ -136,24 +137,12 @@ def keeping(shareable: ShareableGpus, in_use: Iterable[str]) -> ShareableGpus:
 
 def parse_shareable(text: str | None) -> ShareableGpus:
     """``all`` | ``none`` | ``0,2,GPU-…``; empty means none."""
-    value = (text or "").strip()
-    if value.lower() in ("", "none"):
-        return NONE
-    if value.lower() == "all":
+    gpus = parse_gpu_list(text, "--shareable-gpus", ShareableError)
+    if gpus.every:
         return ALL
-    minors: set[int] = set()
-    uuids: set[str] = set()
-    for raw in value.split(","):
-        item = raw.strip()
-        if item.isdigit():
-            minors.add(int(item))
-        elif item.startswith(("GPU-", "gpu-")) and len(item) > 4:
-            uuids.add(item)
-        else:
-            raise ShareableError(
-                f"--shareable-gpus: {item!r} is not a GPU minor number or a GPU UUID "
-                "(expected all, none, or a comma-separated list such as 0,1,GPU-…)")
-    return ShareableGpus(minors=frozenset(minors), uuids=frozenset(uuids))
+    if not (gpus.minors or gpus.uuids):
+        return NONE
+    return ShareableGpus(minors=gpus.minors, uuids=gpus.uuids)
 
 
 def policies(memory_bytes: int, multiprocessors: int) -> dict[str, RequestPolicy]:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from gpudra.driver.gpu_list import parse_gpu_list
 from gpudra.driver.mig import MigProfile, Placement, placement_order
 
 Placements = Literal["all", "disjoint"]
@@ -62,28 +63,6 @@ NOTHING: Final = MigOffer()
 """No GPU offers dynamic MIG: the daemon's default, whose cost does not grow with the cluster."""
 
 
-def parse_gpus(text: str | None) -> tuple[bool, frozenset[int], frozenset[str]]:
-    """``all`` | ``none`` | ``0,2,GPU-…``; empty means none."""
-    value = (text or "").strip()
-    if value.lower() in ("", "none"):
-        return False, frozenset(), frozenset()
-    if value.lower() == "all":
-        return True, frozenset(), frozenset()
-    minors: set[int] = set()
-    uuids: set[str] = set()
-    for raw in value.split(","):
-        item = raw.strip()
-        if item.isdigit():
-            minors.add(int(item))
-        elif item.startswith(("GPU-", "gpu-")) and len(item) > 4:
-            uuids.add(item)
-        else:
-            raise MigOfferError(
-                f"--dynamic-mig-gpus: {item!r} is not a GPU minor number or a GPU UUID "
-                "(expected all, none, or a comma-separated list such as 0,1,GPU-…)")
-    return False, frozenset(minors), frozenset(uuids)
-
-
 def parse_profiles(text: str | None) -> tuple[str, ...] | None:
     """``all`` (or empty) | ``1g.10gb,3g.40gb``: names as ``gpudra inventory`` prints them."""
     value = (text or "").strip()
@@ -108,8 +87,8 @@ def parse_placements(text: str | None) -> Placements:
 
 
 def parse_offer(gpus: str | None, profiles: str | None, placements: str | None) -> MigOffer:
-    every, minors, uuids = parse_gpus(gpus)
-    return MigOffer(every_gpu=every, minors=minors, uuids=uuids,
+    chosen = parse_gpu_list(gpus, "--dynamic-mig-gpus", MigOfferError)
+    return MigOffer(every_gpu=chosen.every, minors=chosen.minors, uuids=chosen.uuids,
                     profiles=parse_profiles(profiles), placements=parse_placements(placements))
 
 
