@@ -93,7 +93,7 @@ def test_explain_a_typo_says_not_allocatable_and_suggests_the_name(tmp_path, cap
 
 def test_explain_json_has_every_node(tmp_path, capsys):
     code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--simulate", "dgx-h100",
-                 "--nodes", "4", "-o", "json"])
+                 "--nodes", "4", "-o", "json", "--dynamic-mig-gpus", "all"])
     document = json.loads(capsys.readouterr().out)
     assert code == 0
     assert document["allocatable"] is True and document["node"] == "dgx-h100-0"
@@ -112,7 +112,8 @@ def test_device_classes_in_the_file_override_the_defaults(tmp_path, capsys):
               "metadata": {"name": "gpu.nvidia.com"},
               "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nobody'"}}]}}
     text = TWO_GPUS + "---\n" + yaml.safe_dump(strict)
-    code = main(["explain", str(write(tmp_path, text)), "--simulate", "dgx-h100"])
+    code = main(["explain", str(write(tmp_path, text)), "--simulate", "dgx-h100",
+                 "--dynamic-mig-gpus", "all"])
     out = capsys.readouterr().out
     assert code == 1
     assert "208  class gpu.nvidia.com selector #0 is false" in out
@@ -245,7 +246,7 @@ def test_validate_unreadable_and_empty(tmp_path, capsys):
 
 def test_explain_a_thousand_simulated_nodes(tmp_path, capsys):
     code = main(["explain", str(write(tmp_path, TWO_GPUS)), "--simulate", "dgx-h100",
-                 "--nodes", "1000"])
+                 "--nodes", "1000", "--dynamic-mig-gpus", "all"])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out[0] == "Pod ml/train: 1000 nodes (dgx-h100-0 … dgx-h100-999)"

@@ -36,7 +36,7 @@ def imported(*argv: str) -> tuple[int, str, set[str]]:
 
 def test_explain_on_a_simulated_node_imports_no_client_logging_or_config_models():
     code, output, loaded = imported("explain", str(EXAMPLES / "two-mig-same-gpu" / "claim.yaml"),
-                                    "--simulate", "dgx-h100")
+                                    "--simulate", "dgx-h100", "--dynamic-mig-gpus", "all")
     assert code == 0 and "ALLOCATABLE" in output
     assert not loaded & {"pydantic", "gpudra.api.configs", "importlib.metadata", "structlog",
                          "asyncio", "kubernetes", "urllib3", "grpc"}
