@@ -169,6 +169,11 @@ def plan_claim(claim: ClaimToPrepare, node: NodeIndex) -> PreparePlan:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r}: GPU "
                              f"{shared_device_minor(device.device)} is not shareable on this "
                              "node (--shareable-gpus, feature gate ConsumableCapacity)")
+        if device.device not in node.targets and parse_device_name(device.device) is not None:
+            raise ClaimError(f"claim {claim.ref}: device {device.device!r} is a MIG device this "
+                             "node does not offer (--dynamic-mig-gpus, --dynamic-mig-profiles, "
+                             "--dynamic-mig-placements, feature gate DynamicMIG), or its GPU "
+                             "was removed or repartitioned")
         if device.device not in node.targets:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is not in this node's "
                              "inventory (was the GPU removed or repartitioned?)")

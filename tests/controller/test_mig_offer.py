@@ -240,3 +240,18 @@ def test_dynamic_mig_asked_for_by_gate_name_offers_every_gpu(monkeypatch, capsys
     migs = [d for s in slices for d in s["spec"].get("devices", [])
             if d["attributes"]["type"]["string"] == "mig"]
     assert len(migs) == mig_devices
+
+
+def test_preparing_a_mig_device_the_node_does_not_offer_names_the_flags(tmp_path):
+    from gpudra.driver.claims import ClaimError
+    from tests.driver.node_fixture import claim, start_node
+
+    node = start_node(tmp_path, options=ModelOptions(mig=NOTHING))
+    try:
+        with pytest.raises(ClaimError, match=r"'gpu-0-mig-1g10gb-19-6' is a MIG device this "
+                                             r"node does not offer \(--dynamic-mig-gpus"):
+            node.state.prepare(claim("11111111-1111-4111-8111-111111111111",
+                                     "gpu-0-mig-1g10gb-19-6"))
+        assert node.control.snapshot()["gpus"][0]["gpu_instances"] == []
+    finally:
+        node.close()
