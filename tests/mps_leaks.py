@@ -25,6 +25,8 @@ from pathlib import Path
 from gpudra.driver import mps_process
 
 MARK_ENV = "GPUDRA_TEST_MARK"
+LEAK_GRACE = 2.0
+"""Seconds a daemon that looks leaked may take to exit by itself (only such a daemon waits)."""
 PROC = Path("/proc")
 # The stand-in's command lines: `python -IS <SIM_CONTROL> [--daemonize] <pipe> <log>`, and
 # `python -m gpudra.driver.sim.mps_daemon <pipe> <log>` from earlier versions.
@@ -41,8 +43,34 @@ class SimDaemon:
 
     @property
     def leaked(self) -> bool:
-        """Running while its directory is gone: nothing can reach or adopt it any more."""
-        return not self.pipe_dir.is_dir()
+        """Running while its directory is gone (nothing can reach or adopt it any more), and
+        not already on its way out (a test may have killed it a moment ago)."""
+        return not self.pipe_dir.is_dir() and not _exiting(self.pid)
+
+
+_PF_EXITING = 0x4
+"""``/proc/<pid>/stat`` flags: the kernel is tearing the process down."""
+_ENDING = (1 << (signal.SIGKILL - 1)) | (1 << (signal.SIGTERM - 1))
+"""Pending-signal bits that end a control daemon (it exits on SIGTERM too)."""
+
+
+def _exiting(pid: int) -> bool:
+    """Whether the process is gone, exiting, or has a SIGKILL or SIGTERM pending: a signal
+    sent is not yet a process gone, and that gap is not a leak."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+        status = (PROC / str(pid) / "status").read_text()
+    except OSError:
+        return True
+    # The command name in parentheses may contain spaces and ")": split after the last one;
+    # then state, ppid, pgrp, session, tty, tpgid, flags.
+    if int(stat.rsplit(")", 1)[1].split()[6]) & _PF_EXITING:
+        return True
+    pending = 0
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            pending |= int(line.split()[1], 16)
+    return bool(pending & _ENDING)
 
 
 def _identify(pid: int, mark: str) -> SimDaemon | None:
@@ -67,11 +95,26 @@ def _identify(pid: int, mark: str) -> SimDaemon | None:
 def find(mark: str) -> list[SimDaemon]:
     """The live simulated control daemons started with ``mark`` in their environment."""
     found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            daemon = _identify(int(entry.name), mark)
-            if daemon is not None:
-                found.append(daemon)
+    # Every test's teardown runs this: only command lines that name the stand-in are looked
+    # at closely (one raw read of each, keeps the scan cheap).
+    for entry in os.scandir(PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fd = os.open(f"{entry.path}/cmdline", os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            named = b"mps_daemon" in os.read(fd, 4096)
+        except OSError:
+            named = False
+        finally:
+            os.close(fd)
+        if not named:
+            continue
+        daemon = _identify(int(entry.name), mark)
+        if daemon is not None:
+            found.append(daemon)
     return found
 
 
@@ -93,7 +136,12 @@ def stop_all(mark: str) -> list[SimDaemon]:
     """Stop every daemon carrying ``mark``; the leaked ones, judged before any was stopped
     (a stopped daemon removes its own pid file and FIFO)."""
     found = find(mark)
-    leaked = [d for d in found if d.leaked]
+    suspects = [d for d in found if d.leaked]
+    # One that handles a SIGTERM sent just before is neither pending nor exiting in the
+    # kernel's eyes for a moment: it gets a grace to go by itself before it counts.
+    mps_process.wait_for(lambda: not any(_identify(d.pid, mark) == d for d in suspects),
+                         LEAK_GRACE)
+    leaked = [d for d in suspects if _identify(d.pid, mark) == d]
     stubborn = [d for d in found if not stop(d, mark)]
     if stubborn:
         raise AssertionError(f"simulated MPS control daemons survived SIGKILL: {stubborn}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,28 @@ def test_a_daemon_whose_directory_was_removed_is_named_and_stopped(tmp_path):
     assert leaked[0].pipe_dir == tmp_path / "mps" / UID2 / "pipe"
     assert not mps_process.alive(kept) and not mps_process.alive(orphan)
     assert mps_leaks.find(mark) == []
+
+
+def test_a_daemon_signalled_a_moment_ago_is_not_a_leak(tmp_path):
+    """A test that kills a daemon whose directory it removed has not leaked it, even if
+    the process has not exited yet when the guard looks."""
+    mark = os.environ[mps_leaks.MARK_ENV]
+    pid = start(tmp_path, UID1)
+    shutil.rmtree(tmp_path / "mps")
+    os.kill(pid, signal.SIGSTOP)  # stopped, it leaves the SIGTERM below pending
+    assert mps_process.wait_for(lambda: _state(pid) == "T", 5.0)
+    os.kill(pid, signal.SIGTERM)
+    try:
+        [daemon] = mps_leaks.find(mark)
+        assert daemon.pid == pid and not daemon.leaked
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert mps_leaks.stop_all(mark) == []  # going by itself: no leak, and gone after
+    assert not mps_process.alive(pid)
+
+
+def _state(pid: int) -> str:
+    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_another_marks_daemons_are_left_alone(tmp_path, monkeypatch: pytest.MonkeyPatch):
