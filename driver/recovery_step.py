@@ -156,7 +156,9 @@ def recover(store: CheckpointStore, error: CheckpointError, *, facts: NodeFacts,
         published_mig={} if slices_raw is None else published_mig(
             slices_raw, driver=facts.driver, node=facts.node),
         mps_daemons=mps)
-    # As if every live MIG device were ours, so a dynamic device's name finds its placement.
+    # As if every live MIG device were ours and every GPU offered every dynamic MIG device
+    # (ModelOptions' default offer): a dynamic device's name finds its placement, also one
+    # prepared under an earlier --dynamic-mig-* offer.
     options = ModelOptions(dynamic_mig=facts.dynamic_mig, shareable=ALL, owned_mig_uuids={
         i.uuid for g in gpus for i in g.mig_instances})
     targets = NodeIndex.build(facts.pool, inventory, options).targets
