@@ -31,7 +31,7 @@ from gpudra.api.claims import ClaimRef
 from gpudra.cli.logs import configure_logging
 from gpudra.driver import sim
 from gpudra.driver.claims import ClaimError
-from gpudra.kubeletplugin.preparer import Preparer
+from gpudra.kubeletplugin.claims.preparer import Preparer
 from tests.driver.node_fixture import POOL, start_node
 from tests.integration.daemon import claim_object
 

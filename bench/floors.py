@@ -62,7 +62,7 @@ def grpc_floor(calls: int) -> tuple[float, float]:
     import grpc
 
     from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc
-    from gpudra.kubeletplugin.grpc_types import RpcServer
+    from gpudra.kubeletplugin.serving.grpc_types import RpcServer
 
     class Nothing(dra_v1_pb2_grpc.DRAPluginServicer):
         def NodeUnprepareResources(

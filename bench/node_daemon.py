@@ -30,7 +30,7 @@ from pathlib import Path
 from bench.preamble import preamble
 from bench.remote_api import RemoteApi
 from gpudra.api.claims import ClaimRef
-from gpudra.kubeletplugin.grpc_probe import answers_get_info
+from gpudra.kubeletplugin.serving.grpc_probe import answers_get_info
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import Daemon, claim_object, free_port, http_get
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpudra.api import bounded_json
 from gpudra.api.identifiers import claim_problems
-from gpudra.kubeletplugin.claim_decoding import decode_claim
+from gpudra.kubeletplugin.claims.claim_decoding import decode_claim
 from tests.integration.daemon import claim_object
 
 UID = "0b0e3a9c-1d2e-4f30-8a4b-5c6d7e8f9a0b"
@@ -51,7 +51,7 @@ def per_call(fn: Callable[[], object], repeat: int, number: int = 5000) -> float
 
 
 def old_decoder(rev: str) -> Callable[..., Any]:
-    source = subprocess.run(["git", "show", f"{rev}:kubeletplugin/claim_decoding.py"],
+    source = subprocess.run(["git", "show", f"{rev}:kubeletplugin/claims/claim_decoding.py"],
                             capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_claim_decoding.py"
     path.write_text(source)

@@ -1,5 +1,5 @@
 """``gpudra node``: the node daemon's flags, turned into one checked :class:`NodeConfig`
-and handed to :func:`gpudra.kubeletplugin.daemon.serve` (which says what the daemon does).
+and handed to :func:`gpudra.kubeletplugin.node.daemon.serve` (which says what the daemon does).
 
 The daemon is imported only when it runs (not for ``--help``), and only its first phase
 then: the time until the kubelet's ``GetInfo`` is answered is mostly imports.
@@ -35,7 +35,7 @@ from gpudra.cli.options import (
 from gpudra.driver.featuregates import DEFAULTS as GATES
 from gpudra.driver.gpu_shares import NONE, ShareableError, ShareableGpus, parse_shareable
 from gpudra.driver.health import DEFAULT_QUIET_PERIOD, HealthPolicy, parse_xids
-from gpudra.kubeletplugin.node_config import NodeConfig
+from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 log = structlog.get_logger("gpudra.node")
 
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     fmt, level = _log_settings(args)  # a bad one is a plain line: no format to use yet
     effective = resolve_format(fmt)
     from gpudra.cli.version import version
-    from gpudra.kubeletplugin.daemon import DaemonError, serve
+    from gpudra.kubeletplugin.node.daemon import DaemonError, serve
 
     try:
         config = node_config(args)

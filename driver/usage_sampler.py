@@ -53,7 +53,7 @@ SAMPLE_SECONDS = Histogram("gpudra_usage_sample_seconds", "Time of one usage sam
 class ClaimPods:
     """The pods each prepared claim is reserved for, as prepare saw them.
 
-    A :class:`~gpudra.kubeletplugin.preparer.PrepareObserver`, told in the call's thread
+    A :class:`~gpudra.kubeletplugin.claims.preparer.PrepareObserver`, told in the call's thread
     right after the device work, before the answer (the preparer's ``at_once``): a sample
     finds a prepared claim without its pods only in the microseconds between the
     checkpoint commit and that. Claims prepared before a daemon restart have no pods here

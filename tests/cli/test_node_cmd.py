@@ -11,7 +11,7 @@ from gpudra.cli.main import build_parser, main
 from gpudra.cli.node_cmd import node_config
 from gpudra.cli.options import CliError
 from gpudra.driver.health import APPLICATION_XIDS, DEFAULT_QUIET_PERIOD
-from gpudra.kubeletplugin.node_config import NodeConfig
+from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 FALLBACKS = ("NODE_NAME", "DRIVER_NAME", "FEATURE_GATES", "SIMULATE", "SIM_STATE", "KUBECONFIG",
              "POD_UID", "HTTP_ADDRESS", "ADDITIONAL_XIDS_TO_IGNORE", "XID_QUIET_PERIOD",

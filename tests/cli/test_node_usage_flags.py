@@ -7,7 +7,7 @@ import pytest
 from gpudra.cli.main import build_parser
 from gpudra.cli.node_cmd import node_config
 from gpudra.cli.options import CliError
-from gpudra.kubeletplugin.node_config import NodeConfig
+from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 ENVIRONMENT = ("USAGE_INTERVAL", "IDLE_THRESHOLD", "IDLE_AFTER")
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpudra.driver.claims import ClaimError
-from gpudra.kubeletplugin.claim_decoding import decode_claim
+from gpudra.kubeletplugin.claims.claim_decoding import decode_claim
 
 UID = "11111111-1111-4111-8111-111111111111"
 SHARE = "5a5a5a5a-0000-4000-8000-00000000000a"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpudra.kubeletplugin.sockets import dra_socket_path, plugin_data_dir
+from gpudra.kubeletplugin.serving.sockets import dra_socket_path, plugin_data_dir
 from tests.integration.daemon import DRIVER, node_daemon
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from gpudra.api.claims import ClaimRef
 from gpudra.api.proto import health_v1_pb2, health_v1_pb2_grpc
-from gpudra.kubeletplugin.grpc_probe import answers_get_info
-from gpudra.kubeletplugin.sockets import dra_socket_path
+from gpudra.kubeletplugin.serving.grpc_probe import answers_get_info
+from gpudra.kubeletplugin.serving.sockets import dra_socket_path
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import DRIVER, Daemon, claim_object, node_daemon

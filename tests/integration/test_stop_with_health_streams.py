@@ -8,7 +8,7 @@ import asyncio
 import grpc
 
 from gpudra.api.proto import health_v1_pb2, health_v1_pb2_grpc
-from gpudra.kubeletplugin.sockets import dra_socket_path
+from gpudra.kubeletplugin.serving.sockets import dra_socket_path
 from tests.integration.daemon import DRIVER, node_daemon
 
 

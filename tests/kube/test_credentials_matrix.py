@@ -31,7 +31,7 @@ import yaml
 
 from gpudra.cli.main import main
 from gpudra.kube.raw_api import NODES, RawApi
-from gpudra.kubeletplugin.api_access import api_session, check_api_access
+from gpudra.kubeletplugin.node.api_access import api_session, check_api_access
 from gpudra.scheduling.explain import default_device_classes
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.integration.daemon import Daemon, free_port

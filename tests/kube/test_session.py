@@ -318,8 +318,8 @@ def test_the_node_daemon_never_imports_the_kubernetes_package_or_aiohttp():
     and over its own HTTP client (aiohttp alone is ~9 MiB)."""
     code = textwrap.dedent("""
         import sys
-        import gpudra.cli.main, gpudra.cli.node_cmd, gpudra.kubeletplugin.daemon
-        from gpudra.kubeletplugin import daemon
+        import gpudra.cli.main, gpudra.cli.node_cmd, gpudra.kubeletplugin.node.daemon
+        from gpudra.kubeletplugin.node import daemon
         daemon._import_client_modules()  # what it loads once registered
         import gpudra.kube.session, gpudra.kube.credentials
         print(sorted(m for m in sys.modules

@@ -17,9 +17,9 @@ import pytest
 
 from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.api.proto import health_v1_pb2, health_v1_pb2_grpc
-from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
-from gpudra.kubeletplugin.server import PluginServer
+from gpudra.kubeletplugin.serving.health_service import HealthService
+from gpudra.kubeletplugin.serving.interfaces import PrepareOutcome, always
+from gpudra.kubeletplugin.serving.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 
 DRIVER = "gpu.nvidia.com"

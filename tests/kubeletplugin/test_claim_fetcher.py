@@ -22,8 +22,8 @@ from gpudra.driver.claims import ClaimError
 from gpudra.driver.metrics import error_reason
 from gpudra.kube.errors import ApiCallError
 from gpudra.kube.session import ApiSession
-from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher, ClaimFetchError
-from gpudra.kubeletplugin.preparer import Preparer
+from gpudra.kubeletplugin.claims.claim_fetcher import ClaimFetcher, ClaimFetchError
+from gpudra.kubeletplugin.claims.preparer import Preparer
 from gpudra.testing.fakeapi import samples
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.driver.node_fixture import DRIVER, SimNode, start_node

@@ -18,7 +18,7 @@ from gpudra.driver.usage import DeviceUsage, IdleTransition
 from gpudra.kube.backoff import Backoff
 from gpudra.kube.raw_api import RESOURCE_CLAIMS, RawApi
 from gpudra.kube.session import ApiSession
-from gpudra.kubeletplugin.claim_status import ClaimStatusWriter, unhealthy_devices
+from gpudra.kubeletplugin.cluster.claim_status import ClaimStatusWriter, unhealthy_devices
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.fake_time import FakeTime, settle
 from tests.fakeapi.fixtures import api_session, fake_api  # noqa: F401

@@ -14,10 +14,10 @@ import structlog
 
 from gpudra.api.claims import ClaimRef
 from gpudra.api.proto import DRA_V1BETA1_ADVERTISED, dra_v1_pb2, dra_v1_pb2_grpc
-from gpudra.kubeletplugin.daemon import STARTING_POLL, _StartingPreparer
-from gpudra.kubeletplugin.dra_service import base_request_names
-from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
-from gpudra.kubeletplugin.server import PluginServer
+from gpudra.kubeletplugin.node.daemon import STARTING_POLL, _StartingPreparer
+from gpudra.kubeletplugin.serving.dra_service import base_request_names
+from gpudra.kubeletplugin.serving.interfaces import PrepareOutcome, always
+from gpudra.kubeletplugin.serving.server import PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.kubeletplugin.conftest import DRIVER, TestPreparer, claim, gpu
 

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from gpudra.api.claims import ClaimRef
 from gpudra.kube.raw_api import RawApi
 from gpudra.kube.session import ApiSession
-from gpudra.kubeletplugin.events import IdleEvents, idle_message
+from gpudra.kubeletplugin.cluster.events import IdleEvents, idle_message
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.fakeapi.fixtures import api_session, fake_api  # noqa: F401
 from tests.kubeletplugin.test_claim_status import put_claim, transition, until

@@ -28,8 +28,8 @@ from gpudra.driver.health import DeviceHealth, HealthPolicy
 from gpudra.driver.health_monitor import HealthMonitor
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
 from gpudra.driver.nvml import Nvml
-from gpudra.kubeletplugin.health_service import HealthService, truncate
-from gpudra.kubeletplugin.server import PluginServer
+from gpudra.kubeletplugin.serving.health_service import HealthService, truncate
+from gpudra.kubeletplugin.serving.server import PluginServer
 
 from .conftest import DRIVER, Dirs, TestPreparer, eventually, health_server, watch
 

@@ -11,7 +11,7 @@ import grpc
 
 from gpudra.api.proto import health_v1_pb2
 from gpudra.driver.health import DeviceHealth
-from gpudra.kubeletplugin.health_service import HealthService
+from gpudra.kubeletplugin.serving.health_service import HealthService
 
 from .conftest import Dirs, TestPreparer, eventually, health_server, watch
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.kubeletplugin.node_config import NodeConfig, NodePaths
+from gpudra.kubeletplugin.node.node_config import NodeConfig, NodePaths
 
 
 def test_real_hardware_defaults():

@@ -13,8 +13,8 @@ import pytest
 
 from gpudra.api.claims import ClaimRef
 from gpudra.kube.session import ApiSession
-from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
-from gpudra.kubeletplugin.preparer import Preparer
+from gpudra.kubeletplugin.claims.claim_fetcher import ClaimFetcher
+from gpudra.kubeletplugin.claims.preparer import Preparer
 from gpudra.testing.fakeapi.server import FakeApiServer
 from tests.driver.node_fixture import DRIVER, SimNode, start_node
 from tests.fakeapi.fixtures import fake_api  # noqa: F401

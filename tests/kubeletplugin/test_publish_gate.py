@@ -8,8 +8,8 @@ from pathlib import Path
 
 import structlog
 
-from gpudra.kubeletplugin.publish_gate import PublishGate
-from gpudra.kubeletplugin.registration import RegistrationState
+from gpudra.kubeletplugin.serving.publish_gate import PublishGate
+from gpudra.kubeletplugin.serving.registration import RegistrationState
 
 SOCKET = Path("/var/lib/kubelet/plugins_registry/gpu.nvidia.com-reg.sock")
 WAITING = "ResourceSlices not published: waiting for the kubelet to register this plugin"

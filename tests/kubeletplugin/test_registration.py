@@ -23,7 +23,7 @@ from gpudra.api.proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
-from gpudra.kubeletplugin.server import PluginServer
+from gpudra.kubeletplugin.serving.server import PluginServer
 from gpudra.testing.kubelet_emulator import KUBELET_SERVICES, KubeletEmulator, RegistrationError
 from tests.kubeletplugin.conftest import DRIVER, Dirs, TestPreparer, claim
 

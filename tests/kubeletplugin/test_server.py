@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gpudra.kubeletplugin.server import PluginServer, ServerStartError
+from gpudra.kubeletplugin.serving.server import PluginServer, ServerStartError
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.kubeletplugin.conftest import DRIVER, Dirs, TestPreparer, claim
 

@@ -37,10 +37,10 @@ from gpudra.api.proto import (
 )
 from gpudra.driver import files
 from gpudra.driver.health import DeviceHealth
-from gpudra.kubeletplugin import sockets
-from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
-from gpudra.kubeletplugin.server import CALL_THREADS, PluginServer
+from gpudra.kubeletplugin.serving import sockets
+from gpudra.kubeletplugin.serving.health_service import HealthService
+from gpudra.kubeletplugin.serving.interfaces import PrepareOutcome, always
+from gpudra.kubeletplugin.serving.server import CALL_THREADS, PluginServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.kubeletplugin.conftest import DRIVER, Dirs, claim, eventually, gpu, watch
 

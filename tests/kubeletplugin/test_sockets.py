@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudra.kubeletplugin.sockets import (
+from gpudra.kubeletplugin.serving.sockets import (
     MAX_SOCKET_PATH_BYTES,
     SocketPathError,
     dra_socket_path,

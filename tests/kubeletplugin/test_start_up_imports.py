@@ -11,7 +11,7 @@ PHASE_TWO = (
     "pydantic", "pynvml", "gpudra.kube.http_client", "gpudra.kube.session",
     "gpudra.driver.nvml", "gpudra.driver.checkpoint_model", "gpudra.driver.device_state",
     "gpudra.driver.health_monitor", "gpudra.driver.usage_sampler",
-    "gpudra.kubeletplugin.node_state", "gpudra.kubeletplugin.preparer",
+    "gpudra.kubeletplugin.node.node_state", "gpudra.kubeletplugin.claims.preparer",
     "gpudra.controller.publisher",
 )
 # The daemon talks to the API server through its own asyncio client: neither of these.
@@ -27,19 +27,19 @@ def imported_after(code: str) -> set[str]:
 
 def test_the_first_phase_imports_none_of_the_driver_modules():
     modules = imported_after("import gpudra.cli.main, gpudra.cli.node_cmd, "
-                             "gpudra.kubeletplugin.daemon")
-    assert "grpc.aio" in modules and "gpudra.kubeletplugin.server" in modules
+                             "gpudra.kubeletplugin.node.daemon")
+    assert "grpc.aio" in modules and "gpudra.kubeletplugin.serving.server" in modules
     assert sorted(modules & {*PHASE_TWO, *NEVER}) == []
 
 
 def test_the_node_command_imports_the_daemon_only_to_run_it():
     modules = imported_after("import gpudra.cli.main, gpudra.cli.node_cmd")
-    assert "gpudra.kubeletplugin.daemon" not in modules
+    assert "gpudra.kubeletplugin.node.daemon" not in modules
     assert "grpc" not in modules  # so `gpudra node --help` does not pay for it
 
 
 def test_the_second_phase_imports_what_it_uses():
-    modules = imported_after("from gpudra.kubeletplugin import daemon\n"
+    modules = imported_after("from gpudra.kubeletplugin.node import daemon\n"
                              "daemon._import_client_modules()")
     assert sorted(set(PHASE_TWO) - modules) == []
     assert sorted(modules & set(NEVER)) == []
@@ -47,7 +47,7 @@ def test_the_second_phase_imports_what_it_uses():
 
 def test_the_metrics_endpoint_and_the_version_line_need_neither():
     modules = imported_after("import gpudra.cli.main, gpudra.cli.node_cmd\n"
-                             "from gpudra.kubeletplugin import daemon, http_probes\n"
+                             "from gpudra.kubeletplugin.node import daemon, http_probes\n"
                              "from gpudra.cli.version import version\n"
                              "daemon._import_client_modules()\n"
                              "version()")
@@ -59,7 +59,7 @@ def test_the_metrics_endpoint_and_the_version_line_need_neither():
 
 
 def test_a_simulated_node_reads_its_profiles_without_importlib_resources():
-    modules = imported_after("from gpudra.kubeletplugin import daemon\n"
+    modules = imported_after("from gpudra.kubeletplugin.node import daemon\n"
                              "daemon._import_client_modules()\n"
                              "from gpudra.driver.sim import profiles\n"
                              "profiles.node_profile('dgx-h100'), profiles.nvml_data()")

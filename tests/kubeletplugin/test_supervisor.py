@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gpudra.kubeletplugin.supervisor import (
+from gpudra.kubeletplugin.node.supervisor import (
     RestartPolicy,
     RootTaskFailed,
     Supervisor,

@@ -29,14 +29,14 @@ import structlog
 
 from gpudra.api.claims import ClaimRef
 from gpudra.driver.faults import delay_point
-from gpudra.kubeletplugin.api_access import ApiAccessError, api_session, check_api_access
-from gpudra.kubeletplugin.grpc_probe import answers_get_info
-from gpudra.kubeletplugin.health_service import HealthService
-from gpudra.kubeletplugin.interfaces import ClaimPreparer, PrepareOutcome, always
-from gpudra.kubeletplugin.node_config import NodeConfig
-from gpudra.kubeletplugin.publish_gate import PublishGate
-from gpudra.kubeletplugin.server import PluginServer
-from gpudra.kubeletplugin.supervisor import RootTaskFailed, Supervisor
+from gpudra.kubeletplugin.node.api_access import ApiAccessError, api_session, check_api_access
+from gpudra.kubeletplugin.node.node_config import NodeConfig
+from gpudra.kubeletplugin.node.supervisor import RootTaskFailed, Supervisor
+from gpudra.kubeletplugin.serving.grpc_probe import answers_get_info
+from gpudra.kubeletplugin.serving.health_service import HealthService
+from gpudra.kubeletplugin.serving.interfaces import ClaimPreparer, PrepareOutcome, always
+from gpudra.kubeletplugin.serving.publish_gate import PublishGate
+from gpudra.kubeletplugin.serving.server import PluginServer
 
 if TYPE_CHECKING:  # imported when used: phase 2 (off the loop), the probes (when enabled)
     from gpudra.driver.checkpoint_model import ClaimRecord
@@ -46,9 +46,9 @@ if TYPE_CHECKING:  # imported when used: phase 2 (off the loop), the probes (whe
     from gpudra.driver.usage import IdleTransition
     from gpudra.driver.usage_sampler import UsageSampler
     from gpudra.kube.session import ConnectionSource
-    from gpudra.kubeletplugin.claim_status import ClaimStatusWriter
-    from gpudra.kubeletplugin.events import IdleEvents
-    from gpudra.kubeletplugin.http_probes import ProbeServer
+    from gpudra.kubeletplugin.cluster.claim_status import ClaimStatusWriter
+    from gpudra.kubeletplugin.cluster.events import IdleEvents
+    from gpudra.kubeletplugin.node.http_probes import ProbeServer
 
 log = structlog.get_logger("gpudra.node")
 
@@ -234,11 +234,15 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     from gpudra.driver.usage import IdleTracker
     from gpudra.driver.usage_sampler import ClaimPods, UsageSampler
     from gpudra.kube.raw_api import RawApi
-    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
-    from gpudra.kubeletplugin.claim_status import Observers, idle_listener, unhealthy_devices
-    from gpudra.kubeletplugin.events import held_event, send_held_event
-    from gpudra.kubeletplugin.node_state import build_device_state
-    from gpudra.kubeletplugin.preparer import Preparer
+    from gpudra.kubeletplugin.claims.claim_fetcher import ClaimFetcher
+    from gpudra.kubeletplugin.claims.preparer import Preparer
+    from gpudra.kubeletplugin.cluster.claim_status import (
+        Observers,
+        idle_listener,
+        unhealthy_devices,
+    )
+    from gpudra.kubeletplugin.cluster.events import held_event, send_held_event
+    from gpudra.kubeletplugin.node.node_state import build_device_state
 
     runtime.step = "opening NVML"
     try:
@@ -391,8 +395,8 @@ def _claim_observers(config: NodeConfig, api: Any, state: DeviceState,
                      ) -> tuple[ClaimStatusWriter, IdleEvents]:
     """Claim device status and idle Events: told by the preparer, written in the background."""
     from gpudra.kube.raw_api import RawApi
-    from gpudra.kubeletplugin.claim_status import ClaimStatusWriter
-    from gpudra.kubeletplugin.events import IdleEvents
+    from gpudra.kubeletplugin.cluster.claim_status import ClaimStatusWriter
+    from gpudra.kubeletplugin.cluster.events import IdleEvents
 
     def records() -> Mapping[str, ClaimRecord]:
         return state.records()  # the checkpoint as it is now
@@ -412,15 +416,15 @@ def _import_client_modules() -> None:
     import gpudra.driver.nvml
     import gpudra.driver.usage
     import gpudra.driver.usage_sampler
-    import gpudra.kubeletplugin.claim_fetcher
-    import gpudra.kubeletplugin.claim_status
-    import gpudra.kubeletplugin.node_state
-    import gpudra.kubeletplugin.preparer  # noqa: F401
+    import gpudra.kubeletplugin.claims.claim_fetcher
+    import gpudra.kubeletplugin.claims.preparer
+    import gpudra.kubeletplugin.cluster.claim_status
+    import gpudra.kubeletplugin.node.node_state  # noqa: F401
 
 
 def _probes(address: tuple[str, int], runtime: _Runtime) -> ProbeServer:
     """The HTTP probe server, listening; a port in use is a one-line :class:`DaemonError`."""
-    from gpudra.kubeletplugin.http_probes import ProbeServer  # not loaded when disabled
+    from gpudra.kubeletplugin.node.http_probes import ProbeServer  # not loaded when disabled
 
     try:
         return ProbeServer(address, live=runtime.not_live, ready=runtime.not_ready,

@@ -25,9 +25,8 @@ import structlog
 from gpudra.api.claims import ClaimRef, PreparedDevice
 from gpudra.api.identifiers import shown
 from gpudra.api.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-
-from .grpc_types import CallContext, RpcServer
-from .interfaces import ClaimPreparer, PrepareOutcome
+from gpudra.kubeletplugin.serving.grpc_types import CallContext, RpcServer
+from gpudra.kubeletplugin.serving.interfaces import ClaimPreparer, PrepareOutcome
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,7 @@ from gpudra.driver.node_factory import NodeSetup
 from gpudra.driver.node_factory import build_device_state as build
 from gpudra.driver.nvml import Nvml
 from gpudra.driver.recovery_step import AskApi
-from gpudra.kubeletplugin.node_config import NodeConfig
+from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 
 def node_setup(config: NodeConfig) -> NodeSetup:

@@ -26,8 +26,7 @@ from gpudra.api.proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
-
-from .grpc_types import CallContext, RpcServer
+from gpudra.kubeletplugin.serving.grpc_types import CallContext, RpcServer
 
 log = structlog.get_logger(__name__)
 

@@ -10,8 +10,8 @@ from gpudra.driver.featuregates import FeatureGates
 from gpudra.driver.gpu_shares import NONE, ShareableGpus
 from gpudra.driver.health import HealthPolicy
 from gpudra.driver.mig_offer import NOTHING, MigOffer
-from gpudra.kubeletplugin.sockets import plugin_data_dir
-from gpudra.kubeletplugin.supervisor import RestartPolicy
+from gpudra.kubeletplugin.node.supervisor import RestartPolicy
+from gpudra.kubeletplugin.serving.sockets import plugin_data_dir
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 

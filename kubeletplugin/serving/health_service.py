@@ -34,8 +34,7 @@ from gpudra.api.proto import (
     health_v1alpha1_pb2_grpc,
 )
 from gpudra.driver.health import DeviceHealth
-
-from .grpc_types import CallContext, RpcServer
+from gpudra.kubeletplugin.serving.grpc_types import CallContext, RpcServer
 
 log = structlog.get_logger(__name__)
 

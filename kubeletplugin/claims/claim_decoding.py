@@ -31,8 +31,8 @@ from gpudra.api.identifiers import (
 )
 from gpudra.api.quantity import QuantityError, parse_quantity
 from gpudra.driver.claims import AllocatedDevice, ClaimError, ClaimToPrepare, OpaqueConfig
-from gpudra.kubeletplugin import claim_schema
-from gpudra.kubeletplugin.claim_schema import DeviceConfig, DeviceResult
+from gpudra.kubeletplugin.claims import claim_schema
+from gpudra.kubeletplugin.claims.claim_schema import DeviceConfig, DeviceResult
 
 CONSUMED_MAX = RESOURCE_SLICE_MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
 """Capacities one result may consume: no device has more capacities than this."""

@@ -53,12 +53,15 @@ import grpc
 import structlog
 
 from gpudra.driver import files
-
-from . import sockets
-from .dra_service import ClaimCalls, DraV1beta1Servicer, DraV1Servicer
-from .grpc_types import RpcServer, Servicer
-from .interfaces import ClaimPreparer
-from .registration import RegistrationServicer, RegistrationState, supported_versions
+from gpudra.kubeletplugin.serving import sockets
+from gpudra.kubeletplugin.serving.dra_service import ClaimCalls, DraV1beta1Servicer, DraV1Servicer
+from gpudra.kubeletplugin.serving.grpc_types import RpcServer, Servicer
+from gpudra.kubeletplugin.serving.interfaces import ClaimPreparer
+from gpudra.kubeletplugin.serving.registration import (
+    RegistrationServicer,
+    RegistrationState,
+    supported_versions,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -43,8 +43,8 @@ from gpudra.kube.backoff import Backoff
 from gpudra.kube.errors import ApiCallError, Invalid, NotFound
 from gpudra.kube.log_once import FailureLog
 from gpudra.kube.raw_api import RESOURCE_CLAIMS, RawApi
-from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.preparer import PrepareObserver
+from gpudra.kubeletplugin.claims.claim_decoding import decode_claim
+from gpudra.kubeletplugin.claims.preparer import PrepareObserver
 
 log = structlog.get_logger(__name__)
 
@@ -409,7 +409,7 @@ def unhealthy_devices(devices: NodeDevices) -> dict[str, str]:
 
 
 class Observers:
-    """Several :class:`~gpudra.kubeletplugin.preparer.PrepareObserver` s as one."""
+    """Several :class:`~gpudra.kubeletplugin.claims.preparer.PrepareObserver` s as one."""
 
     def __init__(self, *observers: PrepareObserver) -> None:
         self._observers = observers

@@ -32,11 +32,11 @@ from gpudra.api.identifiers import claim_problems, shown
 from gpudra.driver import metrics
 from gpudra.driver.claims import ClaimError, ClaimToPrepare
 from gpudra.driver.device_state import DeviceState
-from gpudra.kubeletplugin.claim_decoding import decode_claim
-from gpudra.kubeletplugin.interfaces import PrepareOutcome, always
+from gpudra.kubeletplugin.claims.claim_decoding import decode_claim
+from gpudra.kubeletplugin.serving.interfaces import PrepareOutcome, always
 
 if TYPE_CHECKING:  # the Kubernetes client is a heavy import; only the daemon needs it
-    from gpudra.kubeletplugin.claim_fetcher import ClaimFetcher
+    from gpudra.kubeletplugin.claims.claim_fetcher import ClaimFetcher
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +63,7 @@ class PrepareObserver(Protocol):
 
 
 class Preparer:
-    """Implements :class:`gpudra.kubeletplugin.interfaces.ClaimPreparer`."""
+    """Implements :class:`gpudra.kubeletplugin.serving.interfaces.ClaimPreparer`."""
 
     def __init__(self, *, driver: str, fetcher: ClaimFetcher, state: DeviceState,
                  loop: asyncio.AbstractEventLoop,
@@ -136,7 +136,7 @@ class Preparer:
     def _fetch(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | ClaimError]:
         """The claims' GETs, on the event loop, all at once; each slot holds the claim or
         the error for it."""
-        from gpudra.kubeletplugin.claim_fetcher import ClaimFetchError
+        from gpudra.kubeletplugin.claims.claim_fetcher import ClaimFetchError
 
         keys = [(r.namespace, r.name, r.uid) for r in refs]
         fetching = self._fetcher.fetch_all(keys)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from gpudra.kubeletplugin.registration import RegistrationState
+from gpudra.kubeletplugin.serving.registration import RegistrationState
 
 log = structlog.get_logger("gpudra.node")
 

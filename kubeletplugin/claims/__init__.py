@@ -1,0 +1,1 @@
+"""Claim handling: fetching a claim, checking and decoding it, preparing it."""

@@ -1,0 +1,1 @@
+"""What the node daemon writes to the cluster: claim status and Events."""

@@ -1,0 +1,1 @@
+"""The node daemon itself: configuration, wiring, supervision, probes."""
