@@ -231,6 +231,11 @@ class DeviceState:
         except GpuLockTimeout as exc:
             return {claim.uid: ClaimError(f"claim {claim.ref}: {exc}; will retry")
                     for claim in claims}
+        except OSError as exc:  # the node's own files (checkpoint, spec): e.g. a full disk
+            # Each claim gets the error, not the whole kubelet call: the retry converges,
+            # as after a crash at the same point.
+            return {claim.uid: ClaimError(f"claim {claim.ref}: {_unwritable(exc)}")
+                    for claim in claims}
 
     def _prepare_held(
         self, claims: Sequence[ClaimToPrepare], view: NodeView,
@@ -435,6 +440,9 @@ class DeviceState:
         except GpuLockTimeout as exc:
             results.update({uid: ClaimError(f"claim {record.ref}: {exc}; will retry")
                             for uid, record in records.items()})
+        except OSError as exc:  # as in prepare_many
+            results.update({uid: ClaimError(f"claim {record.ref}: {_unwritable(exc)}")
+                            for uid, record in records.items()})
         return results
 
     def _unprepare_held(
@@ -564,3 +572,8 @@ def _physically_overlap(step: DeviceStep, other: DeviceRecord) -> bool:
         return target.placement.start < start + size and start < target.placement.start + \
             target.placement.size
     return False
+
+
+def _unwritable(exc: OSError) -> str:
+    """A failed write of the node's own files, as a claim's error (the file is named)."""
+    return f"the node's state could not be written ({exc}); the kubelet's retry will finish it"
