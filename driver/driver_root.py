@@ -35,7 +35,7 @@ from gpudra.driver.host_tree import HostTree, identity
 
 def _log() -> Any:
     """The logger, imported on first use: `gpudra explain` loads this module (through NVML)
-    but never logs here, and importing structlog costs it ~30 ms."""
+    but never logs here, and importing structlog would slow its start."""
     import structlog
 
     return structlog.get_logger(__name__)

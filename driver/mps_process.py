@@ -91,8 +91,8 @@ def wait_for(done: Callable[[], bool], timeout: float) -> bool:
     """Poll ``done`` until it holds or ``timeout`` passes; whether it held.
 
     The pause starts at half a millisecond and doubles up to 20 ms: a control daemon is up,
-    or gone after ``quit``, within a few ms, and a fixed 20 ms pause was most of a first
-    share's prepare and a last share's unprepare.
+    or gone after ``quit``, within the first few pauses, and a fixed pause of the longest
+    length was most of a first share's prepare and a last share's unprepare.
     """
     deadline = time.monotonic() + timeout
     pause = 0.0005

@@ -124,7 +124,7 @@ def _hardware(setup: NodeSetup, nvml: Nvml) -> ClaimHardware:
     if setup.commands is not None:
         commands = setup.commands
     elif setup.sim_state is not None:
-        # Imported here: a real node never loads the simulator (~0.5 MiB of modules).
+        # Imported here: a real node never loads the simulator's modules (memory).
         from gpudra.driver.sim.commands import SimulatedCommandRunner
 
         commands = SimulatedCommandRunner(setup.sim_state)

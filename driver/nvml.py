@@ -5,7 +5,7 @@ Production loads the real ``libnvidia-ml.so.1`` through ``pynvml`` (nvidia-ml-py
 runs the same ``pynvml`` wrappers either way. Nothing else in gpudra imports ``pynvml``.
 Results are plain dataclasses so callers never hold ctypes objects.
 
-One file (~600 lines) on purpose: it is the only module allowed to import ``pynvml``
+One file on purpose: it is the only module allowed to import ``pynvml``
 (``tests/test_architecture.py``), so every NVML call, its error mapping and its locking
 stay reviewable in one place; splitting it would make two seams.
 """
@@ -161,7 +161,7 @@ class Nvml:
     """An initialised NVML session, safe to use from several threads.
 
     NVML itself is thread-safe, so calls are not serialised here: creating a MIG device
-    on one GPU (a second or more on real hardware) must not hold up work on another.
+    on one GPU (slow on real hardware) must not hold up work on another.
     The lock only guards this object's handle cache. Callers serialise work per GPU.
     """
 

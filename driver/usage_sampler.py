@@ -55,7 +55,7 @@ class ClaimPods:
 
     A :class:`~gpudra.kubeletplugin.claims.preparer.PrepareObserver`, told in the call's thread
     right after the device work, before the answer (the preparer's ``at_once``): a sample
-    finds a prepared claim without its pods only in the microseconds between the
+    finds a prepared claim without its pods only in the brief window between the
     checkpoint commit and that. Claims prepared before a daemon restart have no pods here
     until the kubelet prepares them again.
     """

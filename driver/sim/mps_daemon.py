@@ -11,8 +11,8 @@ are checked and kept in ``<log>/limits.txt`` (:func:`read_limits`), so tests see
 limits a daemon enforces; a command the real shell would reject lands in ``rejected``.
 
 It runs as a script (``python -IS mps_daemon.py``) and imports ``os``, ``sys`` and ``signal``
-only: the real binary is up in a millisecond or two, and the stand-in should cost no more
-than an interpreter's start (9 ms here; ``json``, ``pathlib`` and ``typing`` made it 25).
+only: the real binary is up almost at once, and the stand-in should cost no more than an
+interpreter's start (importing ``json``, ``pathlib`` and ``typing`` would add to every start).
 So paths are strings, and the limits file is a Python literal, read back with
 ``ast.literal_eval``.
 """

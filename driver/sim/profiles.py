@@ -175,12 +175,12 @@ def mig_uuid(parent_uuid: str, gi_id: int, ci_id: int, serial: int) -> str:
 
 def _load(name: str) -> dict[str, Any]:
     # pkgutil, not importlib.resources: the node daemon imports pkgutil anyway (gRPC does),
-    # and resources.files() would add importlib's readers and zipfile (issue 14, memory).
+    # and resources.files() would add importlib's readers and zipfile to its memory.
     raw = pkgutil.get_data(f"{__package__}.data", name)
     if raw is None:
         raise ValueError(f"{name}: no such simulator data file in this installation")
     text = raw.decode("utf-8")
-    # libyaml when present: the profiles are ~2,000 lines, a tenth of a second in pure Python.
+    # libyaml when present: the profiles are long, and the pure-Python parser is slow on them.
     data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(data, dict) or data.get("schema_version") != 1:
         raise ValueError(f"{name}: expected a mapping with schema_version: 1")
