@@ -8,9 +8,9 @@ client does not know about is lost. The publisher also records its own writes he
 small mutation cache), so the next reconcile sees them before their watch events arrive.
 
 The cache keeps each object as its JSON text, compressed, and decodes it when read
-(:class:`SliceCache`): a dgx-h100 pool is ~1.6 MiB as Python objects, ~0.23 MiB as text and
-15 KB compressed (zlib's fastest level, under 0.1 ms a slice), and only a reconcile
-round, which is rare, reads it.
+(:class:`SliceCache`): a pool is several times larger as Python objects than as text, and
+its text compresses well and cheaply (zlib's fastest level; sizes in ``bench/RESULTS.md``,
+fifth session), and only a reconcile round, which is rare, reads it.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class SliceReflector:
             count += 1
             self._handle(event, first=count == 1)
             # Not kept while the watch idles, which is most of the time: the last event is
-            # a whole slice, ~0.4 MiB as Python objects.
+            # a whole slice, large as Python objects.
             del event
         return count
 

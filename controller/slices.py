@@ -217,9 +217,9 @@ def _slice(
 class _Leaves:
     """The one-key leaf dicts of one build, each made once per distinct value and shared.
 
-    A dgx-h100 pool has ~5,500 of them (27 per device) but ~100 distinct ones. A pool
-    built as separate dicts is ~1.5 MiB, and the daemon's memory keeps its high-water mark
-    (CPython keeps freed memory for reuse), so a smaller build is a smaller daemon.
+    A pool has thousands of them (dozens per device) but few distinct ones. A pool built
+    as separate dicts is large, and the daemon's memory keeps its high-water mark (CPython
+    keeps freed memory for reuse), so a smaller build is a smaller daemon.
     """
 
     def __init__(self) -> None:

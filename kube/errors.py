@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Final
 
 MAX_MESSAGE: Final = 512
-"""A 422 can quote a whole slice; logs need the gist, not 200 KB."""
+"""A 422 can quote a whole slice; logs need the gist, not the whole object."""
 
 
 class ApiCallError(Exception):

@@ -9,7 +9,8 @@ refresh, tokens, client certificates, ``proxy-url``, ``tls-server-name``,
 ``insecure-skip-tls-verify``); what it loaded (:class:`Settings`) is handed to our one
 transport as a :class:`~gpudra.kube.connection.Connection`.
 
-Two steps, because the package takes a second or more and ~36 MiB to import: :func:`plan`
+Two steps, because the package is slow to import and heavy in memory (measured in
+``bench/RESULTS.md``, "Kubernetes client layer"): :func:`plan`
 checks, without it, what a kubeconfig nobody could use fails on, in one line naming the
 file, context or field (the files are YAML mappings; the context, its cluster and its user
 exist, where kubectl would go anonymous without the user and a daemon would fail every
@@ -75,9 +76,9 @@ def resolve(flag: str | Path | None = None, *, context: str | None = None,
 
 @dataclass(frozen=True)
 class Plan:
-    """A kubeconfig that passed every check made without the ``kubernetes`` package (a
-    second or more to import: the node daemon checks before it serves the kubelet and
-    loads after); :meth:`load` loads it."""
+    """A kubeconfig that passed every check made without the ``kubernetes`` package (slow
+    to import: the node daemon checks before it serves the kubelet and loads after);
+    :meth:`load` loads it."""
 
     documents: tuple[tuple[Path, Mapping[str, Any]], ...]
     context: str

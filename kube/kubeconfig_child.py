@@ -1,7 +1,8 @@
 """The node daemon's kubeconfig, loaded by the ``kubernetes`` package in a child process.
 
-The package costs the process that imports it ~36 MiB of memory and a second or more of
-CPU; the daemon needs what it loads, not the package. So the daemon starts this module as
+Importing the package costs a process much memory and CPU time (measured in
+``bench/RESULTS.md``, "Kubernetes client layer"); the daemon needs what it loads, not the
+package. So the daemon starts this module as
 a child when it has checked the kubeconfig (:func:`gpudra.kube.kubeconfig.plan`), before
 it serves the kubelet sockets, and reads the child's answer on its first API call: the
 :class:`~gpudra.kube.kubeconfig.Settings` as JSON on standard output. An exec plugin's

@@ -17,7 +17,7 @@ from gpudra.kube.http_client import HttpClient, HttpError, Response
 
 ConnectionSource = Connection | Callable[[], Connection]
 """A connection, or how to make one on first use (a kubeconfig the ``kubernetes``
-package loads: a second or more, and maybe an exec plugin; in a worker thread)."""
+package loads: slow, and maybe an exec plugin; in a worker thread)."""
 
 
 class ApiSession:
