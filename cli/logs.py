@@ -2,7 +2,8 @@
 
 Our own loggers (``structlog.get_logger``) render in structlog and write each line straight
 to stderr: the stdlib route (a ``LogRecord``, its ``findCaller`` stack walk, a formatter)
-cost the node daemon ~30 µs per line, a tenth of a kubelet call's CPU. gRPC and the
+cost the node daemon a sizeable share of a kubelet call's CPU per line (``bench/RESULTS.md``,
+third session). gRPC and the
 Kubernetes client log through stdlib ``logging``; the ProcessorFormatter bridge sends them
 through the same processors and renderer, so every line has one shape. Below the level a
 call returns at once (structlog's filtering logger). Configure once, at process start:

@@ -43,7 +43,7 @@ def program_name(argv0: str) -> str:
 
 class _Version(argparse.Action):
     """``--version``: the distribution's metadata is read only when asked (importing
-    ``importlib.metadata`` costs every command ~10 ms)."""
+    ``importlib.metadata`` would slow every command)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
                  default: str = argparse.SUPPRESS, help: str | None = None) -> None:

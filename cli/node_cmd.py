@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
 def _exit_now() -> NoReturn:
     """Exit 0 without the interpreter's finalisation: the daemon has closed everything it
     opened (sockets removed, NVML shut down, checkpoint unlocked by the kernel), and tearing
-    down grpc's core and every module takes ~130 ms a rolling update would wait for."""
+    down grpc's core and every module takes time a rolling update would wait for."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -69,8 +69,8 @@ def check_simulate_profile(args: argparse.Namespace) -> None:
 @contextmanager
 def nvml_session(args: argparse.Namespace) -> Iterator[Nvml]:
     """NVML for this command: real, or simulated with state in --sim-state (else a temp dir)."""
-    # Imported here: every command imports this module, and NVML (pynvml, structlog) costs
-    # ~50 ms that `gpudra validate` and `--help` do not need.
+    # Imported here: every command imports this module, and NVML (pynvml, structlog) is
+    # slow to import, which `gpudra validate` and `--help` do not need.
     from gpudra.driver.nvml import NvmlUnavailable, open_nvml
 
     with tempfile.TemporaryDirectory(prefix="gpudra-sim-") as scratch:

@@ -26,7 +26,7 @@ from gpudra.cli.output import (
 )
 
 # The checks (CEL, YAML) are imported by the functions that run them, so `validate --help`
-# and `gpudra --help` do not pay ~100 ms for them.
+# and `gpudra --help` do not pay for importing them.
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 

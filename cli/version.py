@@ -2,8 +2,8 @@
 
 Read from the distribution's metadata file, found on ``sys.path`` where
 ``importlib.metadata`` finds it, without importing that module: with the ``email``,
-``zipfile`` and ``csv`` modules it imports, it would cost the node daemon ~1 MiB of memory
-(issue 14) for the one line the daemon logs at start.
+``zipfile`` and ``csv`` modules it imports, it would add to the node daemon's memory for
+the one line the daemon logs at start.
 """
 
 from __future__ import annotations

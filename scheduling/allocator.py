@@ -7,7 +7,7 @@ scheduler's error (a CEL runtime error aborts the allocation, as on a real clust
 a trace that says, for every device and request, whether it was chosen and otherwise why.
 
 The claim's requests are read in ``claim_requests``, the pools in ``pools``, and the trace
-types are in ``allocation_trace``. What stays here (~500 lines) is one thing: the search,
+types are in ``allocation_trace``. What stays here is one thing: the search,
 a recursion over state shared by all its steps (``_Run``), kept in one file so its order
 of checks can be read next to the scheduler's.
 """

@@ -18,7 +18,7 @@ from gpudra.scheduling.allocator import Allocator
 from gpudra.scheduling.claim_requests import request_groups
 from gpudra.scheduling.explain_subjects import Subject
 
-# The decoders (gpudra.api.configs, pydantic: ~60 ms to import) are imported only when a
+# The decoders (gpudra.api.configs, pydantic: slow to import) are imported only when a
 # claim or class has a config for this driver; most explained claims have none.
 
 _POSITION = re.compile(r"^claim [^:]*:[^:]*: config\[(\d+)\]")

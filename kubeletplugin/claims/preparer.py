@@ -43,8 +43,8 @@ log = structlog.get_logger(__name__)
 NEWS_DELAY = 0.05
 """Seconds the observers' news of a call waits before the event loop takes it, so that
 one wake-up of the loop carries a burst of calls' news, not one per call: a wake-up costs
-the loop ~70 µs of CPU, and it competes for the GIL with the call that caused it while
-that call builds its answer. Its observers wait for longer anyway (claim status is
+the loop CPU, and it competes for the GIL with the call that caused it while that call
+builds its answer. Its observers wait for longer anyway (claim status is
 written half a second after a change)."""
 
 FETCH_MARGIN = 5.0
@@ -71,7 +71,7 @@ class Preparer:
                  at_once: PrepareObserver | None = None) -> None:
         """``observer`` is told on the event loop, up to :data:`NEWS_DELAY` later;
         ``at_once`` in the call's thread before the answer, so it must be thread-safe and
-        cheap (the usage sampler's pod labels: a claim sampled in those 50 ms would be
+        cheap (the usage sampler's pod labels: a claim sampled in that delay would be
         exported without its pod, then again with it)."""
         self._driver = driver
         self._fetcher = fetcher

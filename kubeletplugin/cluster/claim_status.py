@@ -14,7 +14,7 @@ applying an empty list, best effort (the claim is usually being deleted anyway).
 A queued claim is written :data:`WRITE_DELAY` after it was first queued, not at once: the
 write then does not compete with the kubelet's next calls for the CPU, the GIL and the
 event loop that runs their GETs (measured when calls still ran on the loop: applying status
-right after each call made a single unprepare 1.5 ms slower),
+right after each call slowed a single unprepare; ``bench/RESULTS.md``, second session),
 changes that arrive meanwhile go out in one write, and a claim unprepared before its first
 write costs no write at all (outcome ``skipped``). Writes still waiting when the daemon
 stops are dropped: a claim unprepared in its last half second may keep our entries (such a

@@ -39,13 +39,15 @@ from gpudra.kubeletplugin.serving.publish_gate import PublishGate
 from gpudra.kubeletplugin.serving.server import PluginServer
 
 if TYPE_CHECKING:  # imported when used: phase 2 (off the loop), the probes (when enabled)
+    from gpudra.controller.publisher import SlicePublisher
     from gpudra.driver.checkpoint_model import ClaimRecord
     from gpudra.driver.device_state import DeviceState
     from gpudra.driver.health_monitor import HealthMonitor
     from gpudra.driver.nvml import Nvml
     from gpudra.driver.usage import IdleTransition
     from gpudra.driver.usage_sampler import UsageSampler
-    from gpudra.kube.session import ConnectionSource
+    from gpudra.kube.session import ApiSession, ConnectionSource
+    from gpudra.kubeletplugin.claims.preparer import Preparer
     from gpudra.kubeletplugin.cluster.claim_status import ClaimStatusWriter
     from gpudra.kubeletplugin.cluster.events import IdleEvents
     from gpudra.kubeletplugin.node.http_probes import ProbeServer
@@ -112,13 +114,13 @@ class _Runtime:
     server: PluginServer | None = None
     health: HealthService | None = None
     nvml: Nvml | None = None
-    api: Any = None
+    api: ApiSession | None = None
     monitor: HealthMonitor | None = None
     probes: ProbeServer | None = None
     gate: PublishGate | None = None
-    publisher: Any = None  # SlicePublisher, imported with the API client
-    preparer: Any = None  # Preparer, imported in phase 2
-    state: Any = None  # DeviceState, imported in phase 2
+    publisher: SlicePublisher | None = None  # imported with the API client
+    preparer: Preparer | None = None  # imported in phase 2
+    state: DeviceState | None = None  # imported in phase 2
     usage: UsageSampler | None = None
     """Per-claim usage sampling and the idle tracker (None: ``--usage-interval 0``)."""
     on_idle: Callable[[IdleTransition], None] | None = None
@@ -321,7 +323,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     runtime.supervisor.start("idle events", idle_events.run)
     runtime.step = None
     # Start-up's objects (modules, the device model, slices) live as long as the process:
-    # frozen, later collections skip them, so a full collection costs ~1 ms, not ~15 ms,
+    # frozen, later collections skip them, so a full collection is a fraction of its cost
     # and no longer lands in the middle of a kubelet call.
     gc.collect()
     gc.freeze()
@@ -333,7 +335,7 @@ SURVIVOR_LIST_TIMEOUT = 30.0
 """Seconds a start-up whose checkpoint cannot be read waits for the API server's lists."""
 
 
-def _survivor_lists(config: NodeConfig, api: Any, loop: asyncio.AbstractEventLoop,
+def _survivor_lists(config: NodeConfig, api: ApiSession, loop: asyncio.AbstractEventLoop,
                     ) -> Callable[[], tuple[list[Any] | None, list[Any] | None]]:
     """For the start-up thread: the ResourceClaims of every namespace and this node's
     ResourceSlices, listed on the loop; ``None`` for a list that failed (recovery then
@@ -391,7 +393,7 @@ def _start_failure(exc: BaseException) -> str:
     return f"the node daemon failed to start: {type(exc).__name__}: {exc}"
 
 
-def _claim_observers(config: NodeConfig, api: Any, state: DeviceState,
+def _claim_observers(config: NodeConfig, api: ApiSession, state: DeviceState,
                      ) -> tuple[ClaimStatusWriter, IdleEvents]:
     """Claim device status and idle Events: told by the preparer, written in the background."""
     from gpudra.kube.raw_api import RawApi

@@ -1,7 +1,7 @@
 """Parse trees of CEL expressions kept on disk between runs, found by the expression's text.
 
 An interactive ``gpudra explain`` parses a handful of selectors, and loading Lark's tables
-and building its lexer for them is most of the parsing cost (~15 ms a run). Each tree is one
+and building its lexer for them is most of the parsing cost. Each tree is one
 small JSON file (not a pickle: a bad file can hold a wrong tree, never code) named by a hash
 of the text, which it also holds and which must match. The directory's name is a hash of
 the grammar, the parser code and Lark's version, so an upgrade starts afresh. Files are

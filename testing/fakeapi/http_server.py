@@ -95,7 +95,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     server: ApiHttpServer
     server_version = "fakeapi"
     # Headers and body go out in separate writes; with Nagle + delayed ACK every response
-    # would wait ~40 ms for the client's ACK.
+    # would wait for the client's delayed ACK.
     disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
