@@ -314,8 +314,8 @@ async def test_a_server_name_override_and_a_client_certificate_the_server_requir
 # --- the daemon's import graph ---------------------------------------------------------------
 
 def test_the_node_daemon_never_imports_the_kubernetes_package_or_aiohttp():
-    """~50 MB and half a second: the daemon talks to the API server through gpudra.kube;
-    and over its own HTTP client (aiohttp alone is ~9 MiB)."""
+    """Both are heavy to import (``bench/RESULTS.md``): the daemon talks to the API server
+    through gpudra.kube, over its own HTTP client."""
     code = textwrap.dedent("""
         import sys
         import gpudra.cli.main, gpudra.cli.node_cmd, gpudra.kubeletplugin.node.daemon

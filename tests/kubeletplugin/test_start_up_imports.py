@@ -54,7 +54,7 @@ def test_the_metrics_endpoint_and_the_version_line_need_neither():
     assert "prometheus_client" in modules and "gpudra.api.configs" in modules
     assert sorted(modules & set(NEVER)) == []
     # A daemon in its pod reads no kubeconfig file (and a real node no simulator data):
-    # PyYAML is imported only to read one (0.9 MiB resident).
+    # PyYAML (resident memory) is imported only to read one.
     assert "gpudra.kube.kubeconfig" in modules and "yaml" not in modules
 
 
