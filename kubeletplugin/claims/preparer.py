@@ -1,17 +1,17 @@
 """NodePrepareResources / NodeUnprepareResources: fetch, decode, and hand claims to the driver.
 
-A call runs in one of the DRA socket's call threads (:mod:`.server`) from start to
-answer: the checkpoint lookup, decoding and the device work (NVML, files, the durable
-commit) happen right there, under the driver's own serialisation; calls on different GPUs
-run in parallel. The claims' GETs are sent from the event loop, all at once (one hop there
-and back per call), before any lock. A
+A call runs in one of the DRA socket's call threads
+(:mod:`gpudra.kubeletplugin.serving.server`) from start to answer: the checkpoint lookup,
+decoding and the device work (NVML, files, the durable commit) happen right there, under the
+driver's own serialisation; calls on different GPUs run in parallel. The claims' GETs are
+sent from the event loop, all at once (one hop there and back per call), before any lock. A
 claim the checkpoint already holds as prepared is answered from the checkpoint without
 asking the API server, so a kubelet restart during an API outage works. Logging is the gRPC
-layer's (:mod:`.dra_service`): a line per call and a warning per failed claim; here only
-metrics, and an observer's failure. What succeeded goes to the observers (claim status,
-idle events) on the event loop, a burst of calls' news at a time; what must be known
-before the answer (who a claim is for, the usage samples' labels) goes to an ``at_once``
-observer in the call's own thread.
+layer's (:mod:`gpudra.kubeletplugin.serving.dra_service`): a line per call and a warning per
+failed claim; here only metrics, and an observer's failure. What succeeded goes to the
+observers (claim status, idle events) on the event loop, a burst of calls' news at a time;
+what must be known before the answer (who a claim is for, the usage samples' labels) goes to
+an ``at_once`` observer in the call's own thread.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ configuration, the HTTP port) → HTTP probes (``/readyz`` says which step start
 gRPC sockets, so the kubelet's ``GetInfo`` is answered within a fraction of a second of
 exec. Phase 2, while the sockets answer: the driver's modules and the API client are
 imported off the loop → NVML → checkpoint and start-up reconciliation → inventory → API
-client → publishing, once the kubelet has confirmed our registration (:mod:`.publish_gate`).
+client → publishing, once the kubelet has confirmed our registration
+(:mod:`gpudra.kubeletplugin.serving.publish_gate`).
 Claim calls that arrive during phase 2 wait for it (:class:`_StartingPreparer`); when it
 fails they get the error, the sockets are removed and the daemon exits. Stop (``stop`` set,
 e.g. by SIGTERM): end the kubelet's health streams, stop accepting calls, let in-flight ones

@@ -111,7 +111,7 @@ class _ParserOnDemand:
 def environment() -> celpy.Environment:
     """A celpy environment to run our parse trees in.
 
-    celpy's constructor builds its own parser (a second LALR analysis, ~0.1 s) unless one
+    celpy's constructor builds its own parser (a second LALR analysis, slow) unless one
     exists; we only ever parse with ours, so it is handed ours, a superset of its grammar,
     and only loaded if used: trees from the cache need no parser.
     """

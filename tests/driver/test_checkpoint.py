@@ -217,7 +217,8 @@ def test_wrong_field_type_names_the_field(tmp_path):
 
 
 def test_newer_major_version_is_not_treated_as_corrupt(tmp_path):
-    # 3 is this build's (snapshot with a journal); 4 would be the next incompatible one.
+    # This build writes 2 and reads up to 3 (the previous build's snapshot with a journal);
+    # 4 would be the next incompatible one.
     (tmp_path / "checkpoint.json").write_text(json.dumps(
         {"kind": "GpudraCheckpoint", "version": 4, "checksum": "x", "data": {}}))
     with pytest.raises(CheckpointVersionUnsupported,
