@@ -71,7 +71,7 @@ def slice_difference(desired: Obj, actual: Obj) -> str | None:
             return "metadata.ownerReferences"
     spec, stored_spec = desired.get("spec"), actual.get("spec")
     if _canonical_json(spec) == _canonical_json(stored_spec):
-        return None  # the common case, and ~10x cheaper than the walk below
+        return None  # the common case, and far cheaper than the walk below
     path = _difference(spec, stored_spec, ())
     return None if path is None else _render("spec", path)
 

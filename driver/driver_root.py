@@ -144,7 +144,7 @@ class DriverRoot:
     @contextlib.contextmanager
     def one_look(self) -> Iterator[None]:
         """Within: the driver's directories are looked at once, on entry, not again for each
-        claim of a kubelet call (a look is ~40 stats; a call may hold 64 claims)."""
+        claim of a kubelet call (a look is dozens of stats; a call may hold 64 claims)."""
         self.refresh_if_changed()
         self._looked.inside = True
         try:

@@ -4,7 +4,7 @@ Kubernetes compiles selectors with cel-go's OptionalTypes, so ``attrs.?numaNode.
 and ``m[?key]`` are valid there; cel-python's grammar rejects them. The grammar is extended
 with two rules rather than forked, and parsed with the same Lark options celpy uses.
 
-Building the LALR tables takes ~0.2 s, most of an interactive ``gpudra explain``; Lark
+Building the LALR tables is most of an interactive ``gpudra explain``'s time; Lark
 caches them in a file keyed by the grammar, the options and Lark's version, which we keep
 in the user's cache directory (not a shared ``/tmp``, since it is a pickle). The trees of
 expressions parsed before come from :mod:`~gpudra.scheduling.cel.tree_cache` in the same
