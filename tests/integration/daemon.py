@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudra.api.claims import ClaimRef
 from gpudra.cli.node_cmd import FATAL_EVENT
 from gpudra.testing.kubelet_emulator import BackgroundKubelet
 
@@ -203,10 +204,16 @@ def claim_object(
     return obj
 
 
+def create_claim(api: Any, name: str, **kwargs: Any) -> ClaimRef:
+    """Store :func:`claim_object` on the test API server; its reference, uid included."""
+    meta = api.put(claim_object(name, **kwargs))["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
 @contextlib.contextmanager
 def node_daemon(api: Any, **kwargs: Any) -> Iterator[Daemon]:
     """A (not yet started) ``Daemon`` on the test API server ``api``, whose Node object it
-    creates; stopped and its directories removed afterwards."""
+    creates; stopped (its kubelet too) and its directories removed afterwards."""
     daemon = Daemon(api.url, **kwargs)
     api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": daemon.node}})
     try:
@@ -214,4 +221,5 @@ def node_daemon(api: Any, **kwargs: Any) -> Iterator[Daemon]:
     finally:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop()
+        daemon.stop_kubelet()
         shutil.rmtree(daemon.base, ignore_errors=True)

@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 
-from gpudra.api.claims import ClaimRef
 from gpudra.cli.main import main
 from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, ROOT, Daemon, claim_object
+from tests.integration.daemon import DRIVER, ROOT, Daemon, create_claim
 
 GV = "resource.nvidia.com/v1beta1"
 
@@ -45,11 +44,6 @@ def daemons(fake_api: FakeApiServer) -> Iterator[Callable[..., Daemon]]:
             daemon.stop()
     for base in {d.base for d in made}:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs: Any) -> ClaimRef:
-    meta = api.put(claim_object(name, **kwargs))["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 def checkpoint(daemon: Daemon) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from gpudra.driver.checkpoint_store import FILE_NAME
 from gpudra.driver.checkpoint_upgrade import JOURNAL_NAME
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object, node_daemon
+from tests.integration.daemon import DRIVER, Daemon, create_claim, node_daemon
 
 GV = "resource.nvidia.com/v1beta1"
 
@@ -34,12 +34,6 @@ async def kubelet(daemon: Daemon) -> AsyncIterator[KubeletEmulator]:
         yield emulator
     finally:
         await emulator.close()
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs) -> ClaimRef:
-    stored = api.put(claim_object(name, **kwargs))
-    meta = stored["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 def cdi_spec(daemon: Daemon, ref: ClaimRef) -> dict:

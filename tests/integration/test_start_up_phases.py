@@ -17,7 +17,7 @@ from gpudra.kubeletplugin.serving.grpc_probe import answers_get_info
 from gpudra.kubeletplugin.serving.sockets import dra_socket_path
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object, node_daemon
+from tests.integration.daemon import DRIVER, Daemon, create_claim, node_daemon
 
 DISCOVERY = 3.0
 """Seconds the discovery step is made to take (GPUDRA_DELAY_AT)."""
@@ -29,11 +29,6 @@ def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
     with node_daemon(fake_api, kubelet=False,
                      env={"GPUDRA_DELAY_AT": f"start:discovery={DISCOVERY:g}"}) as d:
         yield d
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs) -> ClaimRef:
-    meta = api.put(claim_object(name, **kwargs))["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 async def answering(daemon: Daemon, within: float) -> float:

@@ -5,19 +5,17 @@ must be back at its baseline and a later claim for that placement must prepare."
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 
-from gpudra.api.claims import ClaimRef
 from gpudra.driver.faults import CRASH_EXIT_CODE
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import Daemon, claim_object
+from tests.integration.daemon import Daemon, create_claim, node_daemon
 
 POINT = "prepare:after-mig-gpu-instance"
 DEVICE = "gpu-0-mig-1g10gb-19-6"
@@ -25,20 +23,8 @@ DEVICE = "gpu-0-mig-1g10gb-19-6"
 
 @pytest.fixture
 def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
-    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-    made = Daemon(fake_api.url, env={"GPUDRA_CRASH_AT": POINT})
-    try:
+    with node_daemon(fake_api, env={"GPUDRA_CRASH_AT": POINT}) as made:
         yield made
-    finally:
-        if made.process is not None and made.process.poll() is None:
-            made.stop()
-        made.stop_kubelet()
-        shutil.rmtree(made.base, ignore_errors=True)
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs: Any) -> ClaimRef:
-    meta = api.put(claim_object(name, **kwargs))["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 def gpu0(daemon: Daemon) -> dict[str, Any]:

@@ -11,14 +11,13 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpudra.api.claims import ClaimRef
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.daemon import DRIVER, Daemon, create_claim
 
 GV = "resource.nvidia.com/v1beta1"
 MPS = {"opaque": {"driver": DRIVER, "parameters": {
@@ -74,11 +73,6 @@ async def prepare_error(kubelet: KubeletEmulator, ref: ClaimRef) -> str:
     """The claim's own error: a file the daemon cannot write fails each claim of the call,
     never the whole call (an INTERNAL status here fails the test)."""
     return str((await kubelet.prepare([ref]))[ref.uid]["error"])
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs: Any) -> ClaimRef:
-    meta = api.put(claim_object(name, **kwargs))["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 async def test_a_full_data_dir_names_the_checkpoint(daemon, fake_api):

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpudra.api.claims import ClaimRef
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.daemon import DRIVER, Daemon, create_claim, node_daemon
 
 GV = "resource.nvidia.com/v1beta1"
 MPS = {"opaque": {"driver": DRIVER, "parameters": {
@@ -42,20 +39,8 @@ def umask(mask: int) -> Iterator[None]:
 
 @pytest.fixture
 def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
-    fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-    made = Daemon(fake_api.url)
-    try:
+    with node_daemon(fake_api) as made:
         yield made
-    finally:
-        if made.process is not None and made.process.poll() is None:
-            made.stop()
-        made.stop_kubelet()
-        shutil.rmtree(made.base, ignore_errors=True)
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs: Any) -> ClaimRef:
-    meta = api.put(claim_object(name, **kwargs))["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 def modes(root: Path) -> dict[str, int]:

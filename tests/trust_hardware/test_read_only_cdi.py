@@ -11,15 +11,13 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpudra.api.claims import ClaimRef
 from gpudra.driver.sim import SimControl
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
-from tests.integration.daemon import DRIVER, Daemon, claim_object
+from tests.integration.daemon import DRIVER, Daemon, create_claim
 
 LEFTOVER_UID = "5e5e5e5e-5e5e-4e5e-8e5e-5e5e5e5e5e5e"
 
@@ -51,11 +49,6 @@ def daemon(fake_api: FakeApiServer) -> Iterator[Daemon]:
         subprocess.run(["umount", "--lazy", str(made.cdi_root)], capture_output=True,
                        check=False)
         shutil.rmtree(made.base, ignore_errors=True)
-
-
-def create_claim(api: FakeApiServer, name: str, **kwargs: Any) -> ClaimRef:
-    meta = api.put(claim_object(name, **kwargs))["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 async def test_a_prepare_on_a_read_only_cdi_root_names_the_failed_write(daemon, fake_api):
