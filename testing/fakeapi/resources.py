@@ -18,6 +18,10 @@ from gpudra.testing.fakeapi.claim_validation import (
     validate_claim_template,
     validate_device_class,
 )
+from gpudra.testing.fakeapi.crd_validation import (
+    validate_compute_domain,
+    validate_compute_domain_status,
+)
 from gpudra.testing.fakeapi.errors import FieldError
 from gpudra.testing.fakeapi.selectors import FieldGetter, path_getter
 from gpudra.testing.fakeapi.slice_validation import validate_resource_slice
@@ -193,10 +197,15 @@ EVENTS = ResourceType(
     | {"reason": path_getter("reason"), "type": path_getter("type"),
        "reportingController": path_getter("reportingController")})
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "lease", "Lease", True)
+COMPUTE_DOMAINS = ResourceType(
+    "resource.nvidia.com", "v1beta1", "computedomains", "computedomain", "ComputeDomain", True,
+    subresources=("status",), validate=validate_compute_domain,
+    validate_status=validate_compute_domain_status)
 
 REGISTRY: tuple[ResourceType, ...] = (
     RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES, DEVICE_CLASSES,
     DEVICE_TAINT_RULES, NODES, PODS, NAMESPACES, CORE_EVENTS, EVENTS, LEASES,
+    COMPUTE_DOMAINS,
 )
 
 
