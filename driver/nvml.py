@@ -147,6 +147,26 @@ class GpuInstance:
     compute_instance_ids: tuple[int, ...]
 
 
+FABRIC_STATES = {0: "NotSupported", 1: "NotStarted", 2: "InProgress", 3: "Completed"}
+"""``nvmlGpuFabricState_t`` values by the names nvidia-smi shows."""
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """A GPU's place in a multi-node NVLink fabric (``nvmlDeviceGetGpuFabricInfoV``)."""
+
+    cluster_uuid: str
+    clique_id: int
+    state: str
+    """One of :data:`FABRIC_STATES`' names; cluster and clique mean something once Completed."""
+    status: int
+    """The fabric probe's NVML return code (0: success); meaningful once Completed."""
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "Completed" and self.status == 0
+
+
 def normalize_bus_id(bus_id: str) -> str:
     """``00000000:1B:00.0`` → ``0000:1b:00.0`` (NVML's 8-digit domain to the sysfs form)."""
     domain, bus, rest = bus_id.strip().split(":", 2)
@@ -321,6 +341,29 @@ class Nvml:
                 links.append(NvLink(link, normalize_bus_id(_decode(remote.busId)),
                                     kind == NVLINK_REMOTE_SWITCH))
         return links
+
+    def fabric_info(self, uuid: str) -> FabricInfo | None:
+        """The GPU's NVLink fabric cluster and clique; None when the GPU has no multi-node
+        NVLink (NOT_SUPPORTED, or a driver older than the call)."""
+        handle = self.handle(uuid)
+        try:
+            info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+            try:
+                pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            except pynvml.NVMLError_FunctionNotFound:  # drivers before the V call: v1 struct
+                info = pynvml.c_nvmlGpuFabricInfo_t()
+                pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        except pynvml.NVMLError as exc:
+            if exc.value in (pynvml.NVML_ERROR_NOT_SUPPORTED,
+                             pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise NvmlError("nvmlDeviceGetGpuFabricInfoV", int(exc.value), str(exc)) from exc
+        raw = bytes(info.clusterUuid)
+        cluster = (f"{raw[:4].hex()}-{raw[4:6].hex()}-{raw[6:8].hex()}-{raw[8:10].hex()}-"
+                   f"{raw[10:].hex()}")
+        return FabricInfo(cluster, int(info.cliqueId),
+                          FABRIC_STATES.get(int(info.state), f"Unknown({int(info.state)})"),
+                          int(info.status))
 
     # --- compute mode and processes ----------------------------------------------------
 
@@ -656,6 +699,24 @@ class Nvml:
         except NvmlError as exc:
             return exc.is_gpu_lost
         return False
+
+    def gpu_recovery_action(self, uuid: str) -> int | None:
+        """The recovery the driver says the GPU needs (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``:
+        an ``NVML_GPU_RECOVERY_ACTION_*``, 0 none); None where the driver does not offer the
+        field. GPU_IS_LOST and other failures raise."""
+        field = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        try:
+            values = self._run("nvmlDeviceGetFieldValues",
+                               lambda: pynvml.nvmlDeviceGetFieldValues(self.handle(uuid),
+                                                                       [field]))
+        except NvmlError as exc:
+            if exc.is_not_supported or exc.code == int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise
+        entry = values[0]
+        if int(entry.nvmlReturn) != int(pynvml.NVML_SUCCESS):
+            return None  # the call works, this field does not (an older driver)
+        return int(entry.value.uiVal)
 
     def why_unavailable(self, uuid: str) -> str | None:
         """``None`` when the GPU is on the bus and answers; else why not, in a few words.

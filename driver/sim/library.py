@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from .api_device import DeviceApi
 from .api_events import EventApi
+from .api_fabric import FabricApi
+from .api_fields import FieldApi
 from .api_mig import MigApi
 from .api_system import SystemApi
 from .api_usage import UsageApi
 
 
-class SimulatedNvml(SystemApi, DeviceApi, MigApi, EventApi, UsageApi):
+class SimulatedNvml(SystemApi, DeviceApi, MigApi, EventApi, UsageApi, FabricApi,
+                    FieldApi):
     """NVML for one simulated node profile, with its state in a shared state directory."""
 
     def __repr__(self) -> str:

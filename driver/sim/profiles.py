@@ -153,12 +153,26 @@ class GpuSlot:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """What ``nvmlDeviceGetGpuFabricInfo`` answers for every GPU of a multi-node NVLink node."""
+
+    cluster_uuid: str
+    clique_id: int
+    state: str
+    """A ``NVML_GPU_FABRIC_STATE_*`` name: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED."""
+    status: str
+    """A return code name (``SUCCESS``…): the probe's outcome, meaningful once COMPLETED."""
+
+
+@dataclass(frozen=True)
 class NodeProfile:
     name: str
     description: str
     driver_version: str
     cuda_driver_version: int
     gpus: tuple[GpuSlot, ...]
+    fabric: Fabric | None = None
+    """None: no multi-node NVLink (the fabric calls answer NOT_SUPPORTED)."""
 
 
 def gpu_uuid(profile: str, index: int, board: int = 0) -> str:
@@ -336,4 +350,20 @@ def node_profile(name: str) -> NodeProfile:
         name=name, description=str(node.get("description", "")),
         driver_version=str(node["driver_version"]),
         cuda_driver_version=int(node["cuda_driver_version"]), gpus=tuple(slots),
+        fabric=_fabric(node.get("fabric")),
     )
+
+
+def _fabric(raw: dict[str, Any] | None) -> Fabric | None:
+    if not raw:
+        return None
+    fabric = Fabric(cluster_uuid=str(uuid.UUID(str(raw["cluster_uuid"]))),
+                    clique_id=int(raw["clique_id"]), state=str(raw["state"]),
+                    status=str(raw.get("status", "SUCCESS")))
+    if fabric.state not in FABRIC_STATES:
+        raise ValueError(f"fabric state {fabric.state!r}; known: {', '.join(FABRIC_STATES)}")
+    return fabric
+
+
+FABRIC_STATES = {"NOT_SUPPORTED": 0, "NOT_STARTED": 1, "IN_PROGRESS": 2, "COMPLETED": 3}
+"""``nvmlGpuFabricState_t`` (nvml.h)."""

@@ -29,6 +29,8 @@ EXPECTED_NODES = {
     "a30-x4": ("NVIDIA A30", 24576, ["17", "65", "CA", "E3"], [0, 0, 1, 1]),
     "l4-x4": ("NVIDIA L4", 23034, ["00"] * 4, [0, 0, 0, 0]),
     "t4-x1": ("Tesla T4", 15360, ["00"], [0]),
+    "gb200-nvl72": ("NVIDIA GB200", 189471, ["01", "02", "41", "42"], [0, 0, 1, 1]),
+    "gb200-nvl72-rack2": ("NVIDIA GB200", 189471, ["01", "02", "41", "42"], [0, 0, 1, 1]),
 }
 EXPECTED_DRIVERS = {
     "dgx-h100": ("580.126.20", 13000),
@@ -42,7 +44,7 @@ def test_catalogue_lists_every_node_and_model():
     assert set(sim.node_profiles()) == set(EXPECTED_NODES)
     assert sim.gpu_models() == sorted([
         "A100-SXM4-40GB", "A100-SXM4-80GB", "A30-24GB", "H100-SXM5-80GB", "H100-NVL-94GB",
-        "H200-SXM5-141GB", "L4", "T4"])
+        "H200-SXM5-141GB", "L4", "T4", "GB200"])
 
 
 @pytest.mark.parametrize("profile", sorted(EXPECTED_NODES))
