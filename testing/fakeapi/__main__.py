@@ -23,12 +23,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="create a Node object with this name (repeatable)")
     parser.add_argument("--bookmark-interval", type=float, default=60.0,
                         help="seconds between watch BOOKMARKs (default 60, like the apiserver)")
+    parser.add_argument("--resource-api", choices=["v1", "v1beta2", "v1beta1"], default="v1",
+                        help="the release to stand for: v1 (1.34+, default), v1beta2 (1.33) or "
+                             "v1beta1 (1.32)")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with FakeApiServer(port=args.port, bookmark_interval=args.bookmark_interval) as server:
+    with FakeApiServer(port=args.port, bookmark_interval=args.bookmark_interval,
+                       resource_api=args.resource_api) as server:
         for name in args.node:
             server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
         print(server.url, flush=True)

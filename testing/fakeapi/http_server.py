@@ -15,11 +15,12 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from gpudra.testing.fakeapi import discovery, routing
+from gpudra.testing.fakeapi import discovery, routing, versions
 from gpudra.testing.fakeapi.errors import ApiError, page_not_found
 from gpudra.testing.fakeapi.faults import Faults, RequestRecord
 from gpudra.testing.fakeapi.hostile import AsGiven
@@ -37,9 +38,13 @@ class ApiHttpServer(ThreadingHTTPServer):
     request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], api: Api, faults: Faults,
-                 control: WatchControl, as_given: AsGiven | None = None) -> None:
+                 control: WatchControl, as_given: AsGiven | None = None,
+                 served: versions.Served = versions.MODES["v1"]) -> None:
         super().__init__(address, ApiHandler)
         self.api = api
+        self.served = served
+        # (resource, name, field) of every field a write lost to the served version.
+        self.pruned: list[tuple[str, str, str]] = []
         self.faults = faults
         self.as_given = as_given or AsGiven()
         self.control = control
@@ -156,7 +161,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return False
 
-    def _stream(self, stream: WatchStream) -> None:
+    def _stream(self, stream: WatchStream,
+                from_hub: Callable[[Any], Any] = lambda obj: obj) -> None:
         stream.alive = self._peer_alive
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -167,7 +173,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         frames = stream.frames()
         try:
             for frame in frames:
-                data = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+                shown = frame if frame.get("type") == "ERROR" else {
+                    **frame, "object": from_hub(frame.get("object"))}
+                data = json.dumps(shown, separators=(",", ":")).encode() + b"\n"
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.write(b"0\r\n\r\n")  # a clean end: the connection stays usable
         except OSError:
@@ -187,7 +195,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         body = self._read_body()
         record: RequestRecord | None = None
         try:
-            route = routing.parse(split.path)
+            route = routing.parse(split.path, self.server.served)
             if route is None:
                 self._serve_discovery(method, split.path)
                 return
@@ -207,12 +215,15 @@ class ApiHandler(BaseHTTPRequestHandler):
             req = Request(route.resource, route.namespace, route.name, route.subresource, query,
                           body, self.headers.get("Content-Type", ""),
                           self.headers.get("User-Agent", ""))
+            warnings: list[str] = []
+            if route.view is not None:
+                req.to_hub, req.from_hub = self._converters(route, route.view, warnings)
             if verb == "get" and self._serve_as_given(record, route):
                 return
             api = self.server.api
             if verb == "watch":
                 self.server.faults.set_status(record, 200)
-                self._stream(api.watch(req))
+                self._stream(api.watch(req), req.from_hub)
                 return
             if verb in ("get", "list"):
                 code, obj = 200, (api.get(req) if verb == "get" else api.list(req))
@@ -220,9 +231,15 @@ class ApiHandler(BaseHTTPRequestHandler):
                 code, obj = {"create": api.create, "update": api.update, "patch": api.patch,
                              "delete": api.delete,
                              "deletecollection": api.delete_collection}[verb](req)
+            if route.view is not None:
+                obj = self._answer_in_view(obj, req.from_hub)
             # Record the outcome before answering, so a client never sees it unrecorded.
             self.server.faults.set_status(record, code)
-            self._send_json(code, obj)
+            headers = None
+            if warnings:  # as the apiserver's fieldValidation=Warn: one header per field
+                headers = {"Warning": ", ".join(f'299 - "unknown field \\"{w}\\""'
+                                                for w in warnings)}
+            self._send_json(code, obj, headers)
         except ApiError as err:
             if record is not None:
                 self.server.faults.set_status(record, err.code)
@@ -233,6 +250,42 @@ class ApiHandler(BaseHTTPRequestHandler):
             traceback.print_exc(file=sys.stderr)
             internal = ApiError(500, "InternalError", f"Internal error occurred: {exc!r}")
             self._send_json(500, internal.status())
+
+    def _converters(self, route: routing.Route, view: str, warnings: list[str]
+                    ) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        """Bodies of ``view`` → stored form (dropping what the served release does not
+        know, into ``warnings`` and the server's ``pruned``), and back."""
+        plural = route.resource.plural
+        schema = self.server.served.schema(view, plural)
+        pruned = self.server.pruned
+
+        def to_hub(obj: Any) -> Any:
+            if schema is not None and isinstance(obj, dict):
+                dropped: list[str] = []
+                obj = versions.prune(obj, schema, "", dropped)
+                name = str((obj.get("metadata") or {}).get("name") or route.name or "")
+                warnings.extend(dropped)
+                pruned.extend((plural, name, where) for where in dropped)
+            return versions.to_hub(plural, view, obj)
+
+        def from_hub(obj: Any) -> Any:
+            shown = versions.from_hub(plural, view, obj)
+            if schema is not None and isinstance(shown, dict):
+                shown = versions.prune(shown, schema, "", [])
+            return shown
+
+        return to_hub, from_hub
+
+    @staticmethod
+    def _answer_in_view(obj: Any, from_hub: Callable[[Any], Any]) -> Any:
+        """An answer (an object, a list of them, or a Status) in the version asked for."""
+        if not isinstance(obj, dict) or obj.get("kind") == "Status":
+            return obj
+        if isinstance(obj.get("items"), list) and str(obj.get("kind", "")).endswith("List"):
+            shown = from_hub({"apiVersion": obj.get("apiVersion")})
+            return {**obj, "apiVersion": shown.get("apiVersion"),
+                    "items": [from_hub(item) for item in obj["items"]]}
+        return from_hub(obj)
 
     def _serve_as_given(self, record: RequestRecord, route: routing.Route) -> bool:
         """Answer with the body a test set for this object, unchecked; whether there was one."""
@@ -250,7 +303,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path in _HEALTH:
             self._send(200, b"ok", "text/plain; charset=utf-8")
             return
-        doc = discovery.document(path, self.server.address)
+        doc = discovery.document(path, self.server.address, self.server.served)
         if doc is None:
             raise page_not_found()
         self._send_json(200, doc)

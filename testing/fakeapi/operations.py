@@ -201,7 +201,7 @@ class Api:
     def create(self, req: Request, *, body: Any = None,
                apply_manager: str | None = None) -> tuple[int, Obj]:
         rt = req.resource
-        obj = self._decode_object(req, json_body(req.body) if body is None else body)
+        obj = self._decode_object(req, req.to_hub(json_body(req.body)) if body is None else body)
         meta = obj["metadata"]
         ts = now()
         with self.store.lock:
@@ -243,7 +243,7 @@ class Api:
     # ---- update and patch ----------------------------------------------------------------
 
     def update(self, req: Request) -> tuple[int, Obj]:
-        new = self._decode_object(req, json_body(req.body))
+        new = self._decode_object(req, req.to_hub(json_body(req.body)))
         if new["metadata"].get("name") != req.name:
             raise fe.bad_request(f"the name of the object ({new['metadata'].get('name')}) does "
                                  f"not match the name on the URL ({req.name})")
@@ -262,13 +262,14 @@ class Api:
         patch_body = json_body(req.body)
         with self.store.lock:
             old = self._existing(req)
+            base = req.from_hub(old)  # a patch is made against the version asked for
             try:
                 if content_type == JSON_PATCH:
-                    patched = json_patch(old, patch_body)
+                    patched = json_patch(base, patch_body)
                 elif content_type == MERGE_PATCH:
-                    patched = merge_patch(old, patch_body)
+                    patched = merge_patch(base, patch_body)
                 elif content_type == STRATEGIC_PATCH:
-                    patched = strategic_merge_patch(old, patch_body)
+                    patched = strategic_merge_patch(base, patch_body)
                 else:
                     raise ApiError(415, "UnsupportedMediaType",
                                    f"the body of the request was in an unknown format - accepted "
@@ -279,7 +280,7 @@ class Api:
                                                f"in our request: {exc}") from exc
             if not isinstance(patched, dict):
                 raise fe.bad_request("the patch produced a non-object")
-            new = self._decode_object(req, patched)
+            new = self._decode_object(req, req.to_hub(patched))
             if new["metadata"].get("name") != req.name:
                 raise fe.bad_request("metadata.name: the name of the object cannot be changed "
                                      "by a patch")
@@ -291,7 +292,7 @@ class Api:
         if not manager:
             raise fe.invalid_error(_PATCH_OPTIONS, "", [
                 fe.required("fieldManager", "is required for apply patch")])
-        config = yaml_or_json_body(req.body)
+        config = req.to_hub(yaml_or_json_body(req.body))
         if not isinstance(config, dict) or not config.get("kind") or \
                 not config.get("apiVersion"):
             raise fe.bad_request(f"Object 'Kind' or 'apiVersion' is missing in '{req.body!r}'")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gpudra.testing.fakeapi.errors import method_not_allowed, page_not_found
 from gpudra.testing.fakeapi.resources import ResourceType, find
+from gpudra.testing.fakeapi.versions import HUB, MODES, Served
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class Route:
     namespace: str | None
     name: str | None
     subresource: str | None
+    view: str | None = None
+    """The ``resource.k8s.io`` version asked for when it is not the stored one (v1beta*)."""
 
     @property
     def audit_resource(self) -> str:
@@ -26,8 +29,11 @@ class Route:
         return self.resource.plural + sub
 
 
-def parse(path: str) -> Route | None:
-    """Route a resource path; None when it is not one (discovery, health, unknown)."""
+def parse(path: str, served: Served = MODES["v1"]) -> Route | None:
+    """Route a resource path; None when it is not one (discovery, health, unknown).
+
+    A ``resource.k8s.io`` version ``served`` lists is routed to the stored (v1) type, with
+    the version asked for as the route's ``view``; one it does not list is not found."""
     parts = [p for p in path.split("/") if p]
     if len(parts) >= 2 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
@@ -37,6 +43,17 @@ def parse(path: str) -> Route | None:
         return None
     if not rest:
         return None
+    view = served.view(group, version)
+    plural = rest[2] if rest[0] == "namespaces" and len(rest) >= 3 else rest[0]
+    if not served.serves(group, version, plural):
+        raise page_not_found()
+    if view is not None:
+        version = HUB
+    route = _parse(group, version, rest)
+    return Route(route.resource, route.namespace, route.name, route.subresource, view)
+
+
+def _parse(group: str, version: str, rest: list[str]) -> Route:
     # namespaces/<ns>/<plural>/... is namespaced, unless <plural> is really a subresource of
     # the Namespace object itself (namespaces/<ns>/status).
     if rest[0] == "namespaces" and len(rest) >= 3:

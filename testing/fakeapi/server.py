@@ -16,6 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from gpudra.testing.fakeapi import versions
 from gpudra.testing.fakeapi.faults import WRITE_VERBS, Faults, RequestRecord
 from gpudra.testing.fakeapi.hostile import AsGiven, encoded
 from gpudra.testing.fakeapi.http_server import ApiHttpServer
@@ -25,6 +26,7 @@ from gpudra.testing.fakeapi.pool_problems import pool_problems
 from gpudra.testing.fakeapi.request import now
 from gpudra.testing.fakeapi.resources import lookup
 from gpudra.testing.fakeapi.store import Store
+from gpudra.testing.fakeapi.versions import served
 from gpudra.testing.fakeapi.watch import WatchControl
 
 if TYPE_CHECKING:
@@ -38,7 +40,12 @@ class FakeApiServer:
     """A Kubernetes API server on 127.0.0.1 for tests, demos and benchmarks."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
-                 bookmark_interval: float = 60.0, max_history: int = 100_000) -> None:
+                 bookmark_interval: float = 60.0, max_history: int = 100_000,
+                 resource_api: str = "v1") -> None:
+        """``resource_api`` picks the Kubernetes release it stands for (:mod:`.versions`):
+        ``v1`` (1.34+: v1, v1beta2 and v1beta1 of resource.k8s.io), ``v1beta2`` (1.33:
+        v1beta2 and v1beta1) or ``v1beta1`` (1.32: v1beta1 only)."""
+        self.served = served(resource_api)
         self.store = Store(max_history=max_history)
         self._control = WatchControl(self.store)
         self._faults = Faults()
@@ -46,6 +53,7 @@ class FakeApiServer:
         self._api = Api(self.store, self._control)
         self._api.bookmark_interval = bookmark_interval
         self._address = (host, port)
+        self._pruned: builtins.list[tuple[str, str, str]] = []
         self._httpd: ApiHttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -55,7 +63,8 @@ class FakeApiServer:
         if self._httpd is not None:
             raise RuntimeError("already started")
         self._httpd = ApiHttpServer(self._address, self._api, self._faults, self._control,
-                                    self._as_given)
+                                    self._as_given, self.served)
+        self._httpd.pruned = self._pruned
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.02},
                                         name="fakeapi-accept", daemon=True)
@@ -196,6 +205,19 @@ class FakeApiServer:
         resource, e.g. ``"resourceslices"``)."""
         return sum(n for (verb, res), n in self.calls.items()
                    if verb in WRITE_VERBS and (resource is None or res == resource))
+
+    @property
+    def pruned(self) -> builtins.list[tuple[str, str, str]]:
+        """(resource, name, field) of each field a write lost because the served release
+        does not know it (beta modes only; the client got a ``Warning`` for each)."""
+        return builtins.list(self._pruned)
+
+    def shown_as(self, version: str, obj: Obj) -> Obj:
+        """A stored object (``get``/``list``) as a client of ``version`` reads it."""
+        rt = lookup(obj.get("kind") or "")
+        shown: Obj = versions.from_hub(rt.plural, version, obj)
+        schema = self.served.schema(version, rt.plural)
+        return versions.prune(shown, schema, "", []) if schema is not None else shown
 
     # ---- direct storage (no validation, no accounting; watch events are emitted) -------
 
