@@ -31,11 +31,17 @@ IGNORED: Final[Mapping[str, str]] = {
     "LoggingAlphaOptions": "Kubernetes' Go logging (gpudra logs with its own --log-level)",
     "LoggingBetaOptions": "Kubernetes' Go logging (gpudra logs with its own --log-level)",
     "ContextualLogging": "Kubernetes' Go logging (gpudra logs with its own --log-level)",
+    "HostManagedIMEXDaemon": "NVIDIA's ComputeDomain (IMEX) components",
+    # Off, NVIDIA publishes the same scalar attributes gpudra does, so ignoring it is safe.
+    "DRAListTypeAttributes": "NVIDIA's list-valued device attributes",
+    "ConsumableShares": ("NVIDIA's --consumable-shares (gpudra shares a GPU through its "
+                         "gpu-share devices: --shareable-gpus and ConsumableCapacity)"),
 }
 """NVIDIA gates for parts gpudra does not have: accepted with either value, and ignored."""
 OFF_ONLY: Final[Mapping[str, str]] = {
     "PassthroughSupport": "VFIO passthrough of whole GPUs",
     "DeviceMetadata": "device metadata in prepare results",
+    "FabricManagerPartitioning": "Fabric Manager (NVSwitch) partitions",
 }
 """NVIDIA gates for features gpudra does not implement: ``false`` is accepted, ``true`` is an
 error rather than a silent no-op."""

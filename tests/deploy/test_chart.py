@@ -874,7 +874,7 @@ def test_default_namespace_is_refused_unless_allowed():
     ({"featureGates": {"DynamicMig": True}}, "DynamicMig"),
     ({"featureGates": {"PassthroughSupport": True}}, "featureGates/PassthroughSupport"),
     ({"simulate": {"profile": "dgx-a101"}}, "simulate/profile"),
-    ({"resources": {"computeDomains": {"enabled": True}}}, "computeDomains/enabled"),
+    ({"resources": {"gpus": {"enabled": False}}}, "resources.gpus.enabled=false"),
     ({"nvidiaDriverRoot": "/run/nvidia/driver", "driverRoot": "/opt/nvidia"}, "disagree"),
     ({"namespaceOverride": "GPU"}, "namespaceOverride"),
 ])

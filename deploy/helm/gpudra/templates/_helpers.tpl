@@ -55,7 +55,22 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end }}
 
 {{- define "gpudra.image" -}}
+{{- if include "gpudra.nvidiaImage" . }}
+{{- /* NVIDIA's image runs NVIDIA's driver, not `gpudra`: a values file written for its chart
+names it, so the chart's own image (values.yaml's default) is used instead, tag and all. */ -}}
+{{- printf "ghcr.io/gpudra/gpudra:%s" .Chart.AppVersion }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when image.repository names NVIDIA's driver image (registry.k8s.io/dra-driver-nvidia/…,
+nvcr.io/nvidia/k8s-dra-driver-gpu and its older names).
+*/}}
+{{- define "gpudra.nvidiaImage" -}}
+{{- $repo := toString .Values.image.repository }}
+{{- if or (contains "dra-driver-nvidia" $repo) (contains "k8s-dra-driver" $repo) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -87,9 +102,11 @@ The container runs privileged unless simulating, or as the securityContext overr
 Only a privileged container may use Bidirectional mount propagation.
 */}}
 {{- define "gpudra.privileged" -}}
+{{- $nvidia := dig "containers" "gpus" "securityContext" dict .Values.kubeletPlugin }}
 {{- if .Values.kubeletPlugin.securityContext }}
 {{- if .Values.kubeletPlugin.securityContext.privileged }}true{{ end }}
-{{- else if not .Values.simulate.profile }}true
+{{- else if not .Values.simulate.profile }}
+{{- if or (not (hasKey $nvidia "privileged")) $nvidia.privileged }}true{{ end }}
 {{- end }}
 {{- end }}
 
@@ -98,8 +115,14 @@ The containers' security context: the override, else privileged on real GPUs, lo
 when simulating.
 */}}
 {{- define "gpudra.securityContext" -}}
+{{- $nvidia := dig "containers" "gpus" "securityContext" dict .Values.kubeletPlugin }}
 {{- if .Values.kubeletPlugin.securityContext }}
 {{- toYaml .Values.kubeletPlugin.securityContext }}
+{{- else if and $nvidia (not .Values.simulate.profile) }}
+{{- /* NVIDIA's kubeletPlugin.containers.gpus.securityContext, over the default below: its
+image runs as root, ours does not, so its {privileged: true} alone would leave the daemon
+unable to write the kubelet's root-owned directories. */ -}}
+{{- toYaml (mergeOverwrite (dict "privileged" true "runAsUser" 0 "runAsGroup" 0 "runAsNonRoot" false) (deepCopy $nvidia)) }}
 {{- else if not .Values.simulate.profile -}}
 # NVML opens every /dev/nvidia* device, and MIG management creates and destroys
 # GPU and compute instances through /dev/nvidia-caps nodes that appear at run
@@ -220,7 +243,7 @@ driver's own domain: the selector indexes device.attributes by the driver name.
 {{- $root := .root }}
 {{- $class := .class }}
 {{- $driver := $root.Values.driverName -}}
-apiVersion: resource.k8s.io/v1
+apiVersion: {{ printf "resource.k8s.io/%s" (include "gpudra.resourceApiVersion" $root) }}
 kind: DeviceClass
 metadata:
   name: {{ $class.name }}
@@ -233,4 +256,152 @@ spec:
   {{- with $class.extendedResourceName }}
   extendedResourceName: {{ . | quote }}
   {{- end }}
+{{- end }}
+
+{{/*
+The CDI hook's host path: cdiHookPath, or NVIDIA's name for it, nvidiaCDIHookPath.
+*/}}
+{{- define "gpudra.cdiHookPath" -}}
+{{- $ours := toString (.Values.cdiHookPath | default "") }}
+{{- $nvidia := toString (.Values.nvidiaCDIHookPath | default "") }}
+{{- if and $ours $nvidia (ne $ours $nvidia) }}
+{{- fail (printf "nvidiaCDIHookPath %q and cdiHookPath %q disagree: nvidiaCDIHookPath is NVIDIA's name for cdiHookPath; set cdiHookPath only" $nvidia $ours) }}
+{{- end }}
+{{- default $nvidia $ours }}
+{{- end }}
+
+{{/*
+The daemon's log level: logLevel, or from NVIDIA's klog logVerbosity when logLevel is left at
+info. klog logs errors, warnings and level-0 information at any verbosity, and request and
+response detail from 6 on, which is what gpudra's debug level adds.
+*/}}
+{{- define "gpudra.logLevel" -}}
+{{- if and (eq (toString .Values.logLevel) "info") (hasKey .Values "logVerbosity") (ne (toString .Values.logVerbosity) "") }}
+{{- ternary "debug" "info" (ge (int (toString .Values.logVerbosity)) 6) }}
+{{- else }}
+{{- .Values.logLevel }}
+{{- end }}
+{{- end }}
+
+{{/*
+The resource.k8s.io version (v1, v1beta2 or v1beta1) of the chart's DRA objects:
+resourceApiVersion, in gpudra's form (v1) or NVIDIA's (resource.k8s.io/v1); auto or empty:
+the newest the cluster serves (v1 when Helm cannot ask one, as in `helm template`).
+*/}}
+{{- define "gpudra.resourceApiVersion" -}}
+{{- $asked := trimPrefix "resource.k8s.io/" (toString (.Values.resourceApiVersion | default "auto")) }}
+{{- if ne $asked "auto" }}
+{{- $asked }}
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1" }}v1
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2" }}v1beta2
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta1" }}v1beta1
+{{- else }}v1
+{{- end }}
+{{- end }}
+
+{{/*
+The daemon container's resources: kubeletPlugin.resources, or NVIDIA's
+kubeletPlugin.containers.gpus.resources when that is set. The init container's: NVIDIA's
+kubeletPlugin.containers.init.resources when set, else the daemon's.
+*/}}
+{{- define "gpudra.pluginResources" -}}
+{{- $nvidia := dig "containers" "gpus" "resources" dict .Values.kubeletPlugin }}
+{{- with (default .Values.kubeletPlugin.resources $nvidia) }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "gpudra.initResources" -}}
+{{- $nvidia := dig "containers" "init" "resources" dict .Values.kubeletPlugin }}
+{{- if $nvidia }}
+{{- toYaml $nvidia }}
+{{- else }}
+{{- include "gpudra.pluginResources" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+More environment for the daemon: kubeletPlugin.extraEnv, then NVIDIA's
+kubeletPlugin.containers.gpus.env.
+*/}}
+{{- define "gpudra.extraEnv" -}}
+{{- $env := concat (.Values.kubeletPlugin.extraEnv | default list) (dig "containers" "gpus" "env" list .Values.kubeletPlugin) }}
+{{- with $env }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Every key path under .value (a map), one per line, prefixed with .prefix: the keys of NVIDIA's
+chart that gpudra ignores, for the install notes to name.
+*/}}
+{{- define "gpudra.keyPaths" -}}
+{{- if and (kindIs "map" .value) (gt (len .value) 0) }}
+{{- range $key, $value := .value }}
+{{- include "gpudra.keyPaths" (dict "prefix" (printf "%s.%s" $.prefix $key) "value" $value) }}
+{{- end }}
+{{- else }}
+{{ .prefix }}
+{{- end }}
+{{- end }}
+
+{{/*
+The keys of NVIDIA's chart in these values that gpudra ignores, one line each:
+"<reason>|<key>, <key>…", for NOTES.txt. Keys gpudra maps are not named here.
+*/}}
+{{- define "gpudra.nvidiaIgnored" -}}
+{{- $v := .Values }}
+{{- $groups := list }}
+{{- $cd := list }}
+{{- with $v.resources }}{{ with .computeDomains }}
+{{- $cd = concat $cd (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "resources.computeDomains" "value" .) | trim)) }}
+{{- end }}{{ end }}
+{{- with $v.controller }}
+{{- $cd = concat $cd (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "controller" "value" .) | trim)) }}
+{{- end }}
+{{- with (dig "containers" "computeDomains" dict $v.kubeletPlugin) }}
+{{- $cd = concat $cd (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "kubeletPlugin.containers.computeDomains" "value" .) | trim)) }}
+{{- end }}
+{{- if hasKey $v "altProcDevices" }}{{ $cd = append $cd "altProcDevices" }}{{ end }}
+{{- with $cd }}
+{{- $groups = append $groups (printf "NVIDIA's ComputeDomain (IMEX) components, which gpudra does not include|%s" (join ", " .)) }}
+{{- end }}
+{{- with $v.webhook }}
+{{- $hook := list }}
+{{- range $key, $value := . }}
+{{- if ne $key "enabled" }}
+{{- $hook = concat $hook (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" (printf "webhook.%s" $key) "value" $value) | trim)) }}
+{{- end }}
+{{- end }}
+{{- with $hook }}
+{{- $groups = append $groups (printf "NVIDIA's webhook pod and its certificate: gpudra checks opaque configs with an admission policy in the API server, which needs neither|%s" (join ", " .)) }}
+{{- end }}
+{{- end }}
+{{- $plugin := list }}
+{{- with $v.kubeletPlugin.metrics }}
+{{- $plugin = concat $plugin (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "kubeletPlugin.metrics" "value" .) | trim)) }}
+{{- end }}
+{{- if hasKey (dig "containers" "gpus" dict $v.kubeletPlugin) "healthcheckPort" }}
+{{- $plugin = append $plugin "kubeletPlugin.containers.gpus.healthcheckPort" }}
+{{- end }}
+{{- with $plugin }}
+{{- $groups = append $groups (printf "the daemon serves /metrics, /healthz and /readyz on metrics.port (its probes use them)|%s" (join ", " .)) }}
+{{- end }}
+{{- with $v.kubeletPlugin.networkPolicy }}
+{{- $groups = append $groups (printf "the chart renders no NetworkPolicy|%s" (join ", " (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "kubeletPlugin.networkPolicy" "value" .) | trim)))) }}
+{{- end }}
+{{- if hasKey (dig "containers" "init" dict $v.kubeletPlugin) "securityContext" }}
+{{- $groups = append $groups "the init container runs with the daemon's security context (NVIDIA's chart ignores this key too)|kubeletPlugin.containers.init.securityContext" }}
+{{- end }}
+{{- $misc := list }}
+{{- range $key := list "selectorLabelsOverride" "consumableShares" "gpuResourcesEnabledOverride" "maskNvidiaDriverParams" }}
+{{- if hasKey $v $key }}{{ $misc = append $misc $key }}{{ end }}
+{{- end }}
+{{- with $misc }}
+{{- $groups = append $groups (printf "no meaning in gpudra (fixed selector labels; GPU sharing through shareableGpus; no device-plugin override or driver-params mask needed)|%s" (join ", " .)) }}
+{{- end }}
+{{- if include "gpudra.nvidiaImage" . }}
+{{- $groups = append $groups (printf "it names NVIDIA's image (%s), which does not run gpudra; the chart's own image is used|image.repository, image.tag" $v.image.repository) }}
+{{- end }}
+{{- join "\n" $groups }}
 {{- end }}
