@@ -14,7 +14,8 @@ from typing import Any
 
 from gpudra.api.quantity import parse_quantity
 from gpudra.cli.options import CliError, env
-from gpudra.driver.sim import SimControl
+from gpudra.cli.output import UsageError
+from gpudra.driver.sim import SimControl, recovery
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +33,24 @@ def add_parser(sub: Any) -> None:
                      help="the XID number (e.g. 79: fallen off the bus; 13: application)")
     xid.add_argument("--mig-uuid", metavar="U",
                      help="attribute the XID to this MIG device of the GPU")
+    xid.add_argument("--recovery-action", type=_recovery_action, metavar="A",
+                     help="the driver also reports this GPU recovery action: "
+                          + ", ".join(recovery.NAMES))
     xid.set_defaults(run=run_xid)
+
+    action = actions.add_parser(
+        "recovery-action", help="set the GPU recovery action the driver reports",
+        description="What NVML's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field says for a GPU: "
+                    "none once it is healthy again, or unsupported (an older driver).")
+    _add_target_flags(action)
+    action.add_argument("--action", required=True, metavar="A",
+                        help=", ".join(recovery.NAMES) + ", unsupported")
+    action.set_defaults(run=run_recovery_action)
+
+    reset = actions.add_parser(
+        "reset-gpu", help="reset an idle GPU (nvidia-smi -r): its recovery action clears")
+    _add_target_flags(reset)
+    reset.set_defaults(run=run_reset_gpu)
 
     lost = actions.add_parser("gpu-lost", help="make a GPU answer GPU_IS_LOST (or recover it)")
     _add_target_flags(lost)
@@ -116,6 +134,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _recovery_action(text: str) -> int:
+    try:
+        value = recovery.parse_action(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value is None:
+        raise argparse.ArgumentTypeError("an XID cannot make the field unsupported")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -127,12 +155,14 @@ def _non_negative_int(text: str) -> int:
 
 
 def _control(args: argparse.Namespace) -> SimControl:
+    # Usage errors (exit 2): the directory is an argument, like a file kubectl cannot read.
     if args.sim_state is None:
-        raise CliError("--sim-state: required (or set SIM_STATE)")
+        raise UsageError("--sim-state: required (the simulated node's state directory, as "
+                         "given to gpudra node --sim-state; or set SIM_STATE)")
     try:
         return SimControl(args.sim_state)
     except FileNotFoundError as exc:
-        raise CliError(f"--sim-state: {exc}") from exc
+        raise UsageError(f"--sim-state: {exc}") from exc
 
 
 def _gpu_uuid(control: SimControl, index: int) -> str:
@@ -146,11 +176,35 @@ def run_xid(args: argparse.Namespace) -> int:
     control = _control(args)
     uuid = _gpu_uuid(control, args.gpu)
     try:
-        control.raise_xid(args.gpu, args.xid, args.mig_uuid)
+        control.raise_xid(args.gpu, args.xid, args.mig_uuid,
+                          recovery_action=args.recovery_action)
     except ValueError as exc:
-        raise CliError(f"--mig-uuid: {exc}") from exc
+        flag = "--mig-uuid" if args.mig_uuid and "MIG" in str(exc) else "--recovery-action"
+        raise CliError(f"{flag}: {exc}") from exc
     where = f"MIG device {args.mig_uuid} of " if args.mig_uuid else ""
     print(f"raised XID {args.xid} on {where}GPU {args.gpu} ({uuid})")
+    return 0
+
+
+def run_recovery_action(args: argparse.Namespace) -> int:
+    control = _control(args)
+    uuid = _gpu_uuid(control, args.gpu)
+    try:
+        control.set_recovery_action(args.gpu, recovery.parse_action(args.action))
+    except ValueError as exc:
+        raise CliError(f"--action: {exc}") from exc
+    print(f"GPU {args.gpu} ({uuid}) reports recovery action {args.action.strip().lower()}")
+    return 0
+
+
+def run_reset_gpu(args: argparse.Namespace) -> int:
+    control = _control(args)
+    uuid = _gpu_uuid(control, args.gpu)
+    try:
+        control.reset_gpu(args.gpu)
+    except ValueError as exc:
+        raise CliError(f"--gpu: {exc}") from exc
+    print(f"GPU {args.gpu} ({uuid}) was reset")
     return 0
 
 

@@ -26,6 +26,18 @@ The rules, and why:
 - **Recovery** (NVIDIA's taints stay until the daemon restarts, their #1455): an XID taint
   clears once ``quiet_period`` passes without a new XID of its class in its scope; with
   ``quiet_period=None`` it never clears (NVIDIA's behaviour).
+- **Recovery** (reset- or reboot-required XIDs, ``gpudra.driver.xid_catalog``): the GPU
+  needs a reset, a reboot or a drain before it can be trusted, whatever the quiet period
+  says. Which XIDs need what comes from NVML's GPU recovery action where the driver offers
+  it (the driver knows this GPU and this fault), from NVIDIA's XID catalog otherwise. Such a
+  GPU gets ``gpu.nvidia.com/recovery=<gpu-reset|node-reboot|…>`` (``NoSchedule``, or
+  ``NoExecute`` where the admin opts in) on the GPU and its MIG devices: a reset resets the
+  whole GPU. It never clears by itself: only when the driver reports the GPU healthy again
+  (recovery action NONE after it asked for one), or, on a driver without the field, when
+  the GPU comes back after being lost (a reset or reboot makes it leave the bus and
+  return). A recovery the driver reports with no XID (e.g. after the daemon restarted)
+  taints too. The XID's own ``xid`` taint still clears after the quiet period: it says
+  what happened, ``recovery`` says what is needed.
 - **GPU lost** (GPU_IS_LOST) → ``gpu.nvidia.com/gpu-lost`` ``NoSchedule`` (empty value)
   on the GPU and its MIG devices, until the GPU answers NVML again.
 - **Unmonitored** (XID events cannot be registered) → ``gpu.nvidia.com/unmonitored``
@@ -40,16 +52,20 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
+from gpudra.driver import gpu_recovery, xid_catalog
 from gpudra.driver.devices import Device, NodeDevices, Taint
 from gpudra.driver.mig import parse_device_name
 
 TAINT_XID = "gpu.nvidia.com/xid"
 TAINT_GPU_LOST = "gpu.nvidia.com/gpu-lost"
 TAINT_UNMONITORED = "gpu.nvidia.com/unmonitored"
-OWN_TAINT_KEYS = frozenset({TAINT_XID, TAINT_GPU_LOST, TAINT_UNMONITORED})
+TAINT_RECOVERY = "gpu.nvidia.com/recovery"
+OWN_TAINT_KEYS = frozenset({TAINT_XID, TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_RECOVERY})
 
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-"""XIDs caused by the program on the GPU (NVIDIA's default ignore list)."""
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109}) | xid_catalog.application_xids()
+"""XIDs caused by the program on the GPU (NVIDIA's default ignore list, and what the XID
+catalog files as ``RESTART_APP``)."""
+RECOVERY_EFFECTS = ("NoSchedule", "NoExecute")
 
 DEFAULT_QUIET_PERIOD = 300.0
 
@@ -78,8 +94,13 @@ class HealthPolicy:
     """XIDs recorded with effect ``None``; every other XID is critical."""
     quiet_period: float | None = DEFAULT_QUIET_PERIOD
     """Seconds without a new XID after which an XID taint clears; ``None``: never."""
+    recovery_effect: str = "NoSchedule"
+    """Effect of the ``recovery`` taint: ``NoExecute`` (evict) only where the admin opts in."""
 
     def __post_init__(self) -> None:
+        if self.recovery_effect not in RECOVERY_EFFECTS:
+            raise ValueError(f"recovery_effect: must be one of {', '.join(RECOVERY_EFFECTS)}, "
+                             f"got {self.recovery_effect!r}")
         if self.quiet_period is not None and not self.quiet_period > 0:
             raise ValueError(f"quiet_period: must be > 0 seconds (or None), "
                              f"got {self.quiet_period}")
@@ -90,14 +111,26 @@ class HealthPolicy:
     @classmethod
     def with_additional(
         cls, additional_application_xids: Iterable[int] = (), *,
-        quiet_period: float | None = DEFAULT_QUIET_PERIOD,
+        quiet_period: float | None = DEFAULT_QUIET_PERIOD, recovery_effect: str = "NoSchedule",
     ) -> HealthPolicy:
         """The default application XIDs plus ``additional_application_xids`` (NVIDIA's
         ``--additional-xids-to-ignore``)."""
-        return cls(APPLICATION_XIDS | frozenset(additional_application_xids), quiet_period)
+        return cls(APPLICATION_XIDS | frozenset(additional_application_xids), quiet_period,
+                   recovery_effect)
 
     def is_critical(self, xid: int) -> bool:
         return xid not in self.application_xids
+
+    def recovery_needed(self, xid: int, driver_action: int | None) -> int | None:
+        """The NVML recovery action ``xid`` calls for, None for none. ``driver_action`` is
+        the driver's field read at the XID (None: not offered): where offered it decides,
+        an XID the admin ignores included; else the catalog does, for XIDs not ignored."""
+        if driver_action is not None:
+            return driver_action if driver_action != gpu_recovery.NONE else None
+        if xid in self.application_xids:
+            return None
+        needed = xid_catalog.recovery_of(xid)
+        return gpu_recovery.CATALOG_ACTIONS.get(needed) if needed is not None else None
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -119,6 +152,17 @@ class XidObserved:
     """Set when NVML attributed the XID to one MIG device."""
     mig_uuid: str | None = None
     """For messages only."""
+    recovery_action: int | None = None
+    """NVML's GPU recovery action read right after the XID; None: the driver lacks it."""
+
+
+@dataclass(frozen=True)
+class RecoveryActionChanged:
+    """The driver's GPU recovery action changed (the watcher's probe); ``action`` None: the
+    driver does not offer the field."""
+
+    gpu_uuid: str
+    action: int | None
 
 
 @dataclass(frozen=True)
@@ -134,7 +178,7 @@ class MonitoringChanged:
     reason: str = ""
 
 
-HealthEvent = XidObserved | GpuLostChanged | MonitoringChanged
+HealthEvent = XidObserved | GpuLostChanged | MonitoringChanged | RecoveryActionChanged
 
 
 # --- outputs ----------------------------------------------------------------------------------
@@ -191,6 +235,15 @@ class _Flag:
 
 
 @dataclass(frozen=True)
+class _Recovery:
+    action: int
+    since: float
+    cause: str
+    from_driver: bool
+    """The driver asked for it (its field), so its NONE clears it; else the catalog did."""
+
+
+@dataclass(frozen=True)
 class _DeviceView:
     """Everything the state says about one device (before it becomes taints or health)."""
 
@@ -200,6 +253,7 @@ class _DeviceView:
     application_since: float
     lost: _Flag | None
     unmonitored: _Flag | None
+    recovery: _Recovery | None
 
 
 @dataclass(frozen=True)
@@ -212,6 +266,7 @@ class HealthState:
     _application: Mapping[_Scope, _XidRecord] = field(default_factory=dict)
     _lost: Mapping[str, _Flag] = field(default_factory=dict)
     _unmonitored: Mapping[str, _Flag] = field(default_factory=dict)
+    _recovery: Mapping[str, _Recovery] = field(default_factory=dict)
 
     # --- transitions ----------------------------------------------------------------------
 
@@ -219,9 +274,18 @@ class HealthState:
         """The state after ``event``, seen at ``now`` (unix seconds)."""
         if isinstance(event, XidObserved):
             return self._xid(event, now)
+        if isinstance(event, RecoveryActionChanged):
+            return self._driver_recovery(event, now)
         if isinstance(event, GpuLostChanged):
-            return replace(self, _lost=_set_flag(self._lost, event.gpu_uuid, event.lost,
-                                                 _Flag(now)))
+            after = replace(self, _lost=_set_flag(self._lost, event.gpu_uuid, event.lost,
+                                                  _Flag(now)))
+            old = self._recovery.get(event.gpu_uuid)
+            if not event.lost and event.gpu_uuid in self._lost and old is not None \
+                    and not old.from_driver:
+                # Seen again after leaving the bus (a reset, a reboot): all a driver without
+                # the recovery field can tell us.
+                after = replace(after, _recovery=_without(self._recovery, event.gpu_uuid))
+            return after
         return replace(self, _unmonitored=_set_flag(
             self._unmonitored, event.gpu_uuid, not event.monitored, _Flag(now, event.reason)))
 
@@ -232,9 +296,29 @@ class HealthState:
         old = records.get(scope)
         where = event.gpu_uuid + (f" ({event.mig_uuid})" if event.mig_uuid else "")
         records[scope] = _XidRecord(event.xid, old.since if old else now, now, where)
-        if critical:
-            return replace(self, _critical=records)
-        return replace(self, _application=records)
+        after = (replace(self, _critical=records) if critical
+                 else replace(self, _application=records))
+        needed = self.policy.recovery_needed(event.xid, event.recovery_action)
+        if needed is None:
+            return after
+        from_driver = event.recovery_action is not None
+        cause = f"XID {event.xid}" + (" (the driver's recovery action)" if from_driver
+                                      else " (NVIDIA's XID catalog)")
+        return replace(after, _recovery=_with_recovery(self._recovery, event.gpu_uuid,
+                                                       _Recovery(needed, now, cause,
+                                                                 from_driver)))
+
+    def _driver_recovery(self, event: RecoveryActionChanged, now: float) -> HealthState:
+        old = self._recovery.get(event.gpu_uuid)
+        if event.action is None:
+            return self  # the driver does not say; the catalog's records stand
+        if event.action == gpu_recovery.NONE:
+            if old is None or not old.from_driver:
+                return self
+            return replace(self, _recovery=_without(self._recovery, event.gpu_uuid))
+        cause = old.cause if old is not None else "the driver's recovery action"
+        return replace(self, _recovery=_with_recovery(
+            self._recovery, event.gpu_uuid, _Recovery(event.action, now, cause, True)))
 
     def expire(self, now: float) -> HealthState:
         """Drop XID records whose quiet period has passed; ``self`` when nothing changes."""
@@ -279,7 +363,12 @@ class HealthState:
         """Equal for two states whose taints are equal: a repeat of the same XID in the same
         scope only moves its quiet period, so it is no change worth republishing."""
         return (_shown(self._critical), _shown(self._application),
-                frozenset(self._lost), frozenset(self._unmonitored))
+                frozenset(self._lost), frozenset(self._unmonitored),
+                frozenset((g, r.action, int(r.since)) for g, r in self._recovery.items()))
+
+    def recovering(self) -> Mapping[str, str]:
+        """GPU UUID → the recovery it waits for (``gpu-reset`` …)."""
+        return {gpu: gpu_recovery.name(r.action) for gpu, r in self._recovery.items()}
 
     def _view(self, device: Device) -> _DeviceView:
         gpu_uuid, mig = _identity(device)
@@ -293,10 +382,10 @@ class HealthState:
             application_since=min((r.since for r in application), default=0.0),
             lost=self._lost.get(gpu_uuid),
             unmonitored=self._unmonitored.get(gpu_uuid),
+            recovery=self._recovery.get(gpu_uuid),
         )
 
-    @staticmethod
-    def _taints(view: _DeviceView) -> tuple[Taint, ...]:
+    def _taints(self, view: _DeviceView) -> tuple[Taint, ...]:
         taints = []
         if view.critical is not None:
             taints.append(Taint(TAINT_XID, str(view.critical.xid), "NoSchedule",
@@ -308,6 +397,9 @@ class HealthState:
             taints.append(Taint(TAINT_GPU_LOST, "", "NoSchedule", rfc3339(view.lost.since)))
         if view.unmonitored is not None:
             taints.append(Taint(TAINT_UNMONITORED, "", "None", rfc3339(view.unmonitored.since)))
+        if view.recovery is not None:
+            taints.append(Taint(TAINT_RECOVERY, gpu_recovery.name(view.recovery.action),
+                                self.policy.recovery_effect, rfc3339(view.recovery.since)))
         return tuple(taints)
 
     def _health(self, device: Device, view: _DeviceView, checked_at: float) -> DeviceHealth:
@@ -315,6 +407,8 @@ class HealthState:
         if view.lost is not None:
             problems.append(f"GPU is lost (NVML GPU_IS_LOST) since {rfc3339(view.lost.since)}: "
                             "it fell off the bus or needs a reset")
+        if view.recovery is not None:
+            problems.append(_recovery_message(view.recovery))
         if view.critical is not None:
             problems.append(f"critical XID {view.critical.xid} on {view.critical.where} "
                             f"at {rfc3339(view.critical.last_seen)}{self._clears()}")
@@ -334,6 +428,30 @@ class HealthState:
         if quiet is None:
             return ""
         return f"; clears after {quiet:g} s without another critical XID"
+
+
+def _recovery_message(recovery: _Recovery) -> str:
+    until = ("until the driver reports no recovery action pending" if recovery.from_driver
+             else "until the GPU is seen again after a reset, or the daemon restarts "
+                  "(this driver does not report recovery actions)")
+    return (f"needs {gpu_recovery.name(recovery.action)} since {rfc3339(recovery.since)} "
+            f"({recovery.cause}); unschedulable {until}")
+
+
+def _with_recovery(records: Mapping[str, _Recovery], gpu: str,
+                   new: _Recovery) -> Mapping[str, _Recovery]:
+    """``records`` with ``new`` for ``gpu``; one already there keeps its ``since`` (the
+    taint's time) and counts as the driver's once either said so."""
+    old = records.get(gpu)
+    if old is not None:
+        new = _Recovery(new.action, old.since, new.cause, old.from_driver or new.from_driver)
+        if new == old:
+            return records
+    return {**records, gpu: new}
+
+
+def _without(records: Mapping[str, _Recovery], gpu: str) -> Mapping[str, _Recovery]:
+    return {g: r for g, r in records.items() if g != gpu}
 
 
 def _set_flag(flags: Mapping[str, _Flag], key: str, on: bool, flag: _Flag) -> Mapping[str, _Flag]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
 import structlog
@@ -35,7 +35,7 @@ from gpudra.driver.health import (
     XidObserved,
 )
 from gpudra.driver.health_watcher import DEFAULT_PROBE_INTERVAL, DEFAULT_WAIT_MS, XidWatcher
-from gpudra.driver.metrics import DEVICE_TAINTS, XID_EVENTS
+from gpudra.driver.metrics import DEVICE_TAINTS, GPU_RECOVERY_REQUIRED, XID_EVENTS
 from gpudra.driver.nvml import Nvml
 
 log = structlog.get_logger(__name__)
@@ -138,4 +138,20 @@ class HealthMonitor:
             old = self._state
             new = self._state = step(old)
         if new is not old and new.fingerprint() != old.fingerprint():
+            _record_recovery(old.recovering(), new.recovering())
             self._on_change()
+
+
+def _record_recovery(before: Mapping[str, str], after: Mapping[str, str]) -> None:
+    """``gpudra_gpu_recovery_required`` and a log line for each GPU whose recovery changed."""
+    for gpu, action in before.items():
+        if after.get(gpu) != action:
+            GPU_RECOVERY_REQUIRED.remove(gpu, action)
+            if gpu not in after:
+                log.warning("GPU recovered: the driver reports it healthy again", gpu=gpu,
+                            was=action)
+    for gpu, action in after.items():
+        if before.get(gpu) != action:
+            GPU_RECOVERY_REQUIRED.labels(gpu=gpu, action=action).set(1)
+            log.error("GPU needs recovery before it is scheduled again", gpu=gpu,
+                      action=action)

@@ -8,6 +8,11 @@ A lost GPU is found two ways: the wait fails with GPU_IS_LOST (NVML does not say
 so every GPU is probed), and a periodic cheap probe of every GPU (real NVML does not always
 fail the wait). A lost GPU is taken out of the event set (it would fail every wait and
 blind the watcher to the others) and put back once it answers again.
+
+The same probe reads NVML's GPU recovery action (where the driver offers it) and reports each
+change, at start too: a GPU the driver still wants reset after a daemon restart is reported
+without an XID. An XID carries the action read right after it, so it is classified by what
+the driver says about this fault.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
+from gpudra.driver.gpu_recovery import NONE
 from gpudra.driver.health import (
     GpuLostChanged,
     HealthEvent,
     MigLocation,
     MonitoringChanged,
+    RecoveryActionChanged,
     XidObserved,
 )
 from gpudra.driver.nvml import EventSet, GpuLostEvent, Nvml, NvmlError, XidEvent
@@ -63,6 +70,7 @@ class XidWatcher:
         self._probe_interval = probe_interval
         self._lost: set[str] = set()
         self._unmonitored: set[str] = set()
+        self._actions: dict[str, int | None] = {}  # last recovery action read, per GPU
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -93,6 +101,7 @@ class XidWatcher:
         next_probe = time.monotonic() + self._probe_interval
         retry_delay = self._wait_ms / 1000
         try:
+            self._probe()  # recovery actions pending from before we started
             while not self._stopping.is_set():
                 try:
                     if event_set is None:
@@ -183,27 +192,46 @@ class XidWatcher:
                 log.warning("probing a GPU failed", gpu=uuid, error=str(exc))
                 continue
             changed |= self._set_lost(uuid, lost)
+            if not lost:
+                self._read_action(uuid)
         return changed
+
+    def _read_action(self, uuid: str) -> int | None:
+        """The GPU's recovery action now (None: not offered or unreadable); a change from the
+        last read is reported."""
+        try:
+            action = self._nvml.gpu_recovery_action(uuid)
+        except Exception as exc:  # a probe must not kill the watcher
+            log.warning("reading a GPU's recovery action failed", gpu=uuid, error=str(exc))
+            return None
+        if action != self._actions.get(uuid, NONE):
+            if action is not None:
+                (log.info if action == NONE else log.error)(
+                    "GPU recovery action changed", gpu=uuid, action=action)
+            self._emit(RecoveryActionChanged(uuid, action))
+        self._actions[uuid] = action
+        return action
 
     def _locate(self, event: XidEvent) -> XidObserved:
         """Name the MIG device of a MIG-scoped XID by profile and placement, as its DRA device
         name does. If it is gone already, the whole GPU takes the blame (the safe side)."""
+        action = self._read_action(event.gpu_uuid)
         if event.gpu_instance_id is None:
-            return XidObserved(event.gpu_uuid, event.xid)
+            return XidObserved(event.gpu_uuid, event.xid, recovery_action=action)
         try:
             for mig in self._nvml.mig_instances(event.gpu_uuid):
                 if (mig.gpu_instance_id, mig.compute_instance_id) == (
                         event.gpu_instance_id, event.compute_instance_id):
                     return XidObserved(event.gpu_uuid, event.xid,
                                        MigLocation(mig.profile_id, mig.placement.start),
-                                       mig.uuid)
+                                       mig.uuid, recovery_action=action)
         except NvmlError as exc:
             log.warning("cannot list MIG devices for an XID", gpu=event.gpu_uuid,
                         error=str(exc))
         log.warning("XID names a MIG device that no longer exists; tainting the whole GPU",
                     gpu=event.gpu_uuid, xid=event.xid, gpu_instance=event.gpu_instance_id,
                     compute_instance=event.compute_instance_id)
-        return XidObserved(event.gpu_uuid, event.xid)
+        return XidObserved(event.gpu_uuid, event.xid, recovery_action=action)
 
     # --- reporting ------------------------------------------------------------------------------
 

@@ -33,6 +33,11 @@ PUBLISHED_SLICES = Gauge("gpudra_published_slices", "ResourceSlices in the publi
 XID_EVENTS = Counter("gpudra_xid_events", "XID events seen, by GPU and XID", ["gpu", "xid"])
 DEVICE_TAINTS = Gauge("gpudra_device_taints", "Taints currently on published devices",
                       ["effect"])
+GPU_RECOVERY_REQUIRED = Gauge(
+    "gpudra_gpu_recovery_required",
+    "1 while a GPU waits for the recovery its driver or NVIDIA's XID catalog calls for "
+    "(gpu-reset, node-reboot, ...): it stays tainted until the driver reports it healthy",
+    ["gpu", "action"])
 HELD_UNKNOWN = Gauge(
     "gpudra_held_unknown_devices",
     "Hardware held for claims the node cannot name (a checkpoint it could not read): "

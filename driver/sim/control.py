@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import mig
+from . import mig, recovery
 from .codes import MIG_ENABLE, NvmlFailure
 from .profiles import NodeProfile, gpu_uuid, node_profile
 from .state import GpuState, LoadState, NodeState, ProcessState, StateStore, XidEvent
@@ -96,10 +96,18 @@ class SimControl:
             gpu = self._gpu(state, gpu_index)
             gpu.loads = [load for load in gpu.loads if load.mig_uuid != mig_uuid]
 
-    def raise_xid(self, gpu_index: int, xid: int, mig_uuid: str | None = None) -> None:
-        """Deliver an XID critical error to every event set registered for the GPU."""
+    def raise_xid(self, gpu_index: int, xid: int, mig_uuid: str | None = None, *,
+                  recovery_action: int | None = None) -> None:
+        """Deliver an XID critical error to every event set registered for the GPU; with
+        ``recovery_action``, the driver also asks for that recovery (in the same update, so
+        a watcher that reads the field on the event sees it)."""
         with self.store.update() as state:
             gpu = self._gpu(state, gpu_index)
+            if recovery_action is not None:
+                if gpu.recovery_action is None:
+                    raise ValueError(f"GPU {gpu_index}'s driver does not offer the recovery "
+                                     "action field (set_recovery_action first)")
+                gpu.recovery_action = recovery_action
             gi_id = ci_id = None
             if mig_uuid is not None:
                 found = gpu.mig_device(mig_uuid)
@@ -108,6 +116,14 @@ class SimControl:
                 gi_id, ci_id = found[0].id, found[1].id
             state.add_event(XidEvent(state.next_event_seq, gpu_index, xid, gi_id, ci_id))
             state.next_event_seq += 1
+
+    def set_recovery_action(self, gpu_index: int, action: int | None) -> None:
+        """What the driver reports as the GPU's recovery action (``recovery.NONE`` once it is
+        healthy); None: a driver that does not offer the field."""
+        if action is not None and action not in recovery.NAMES.values():
+            raise ValueError(f"{action} is not a GPU recovery action")
+        with self.store.update() as state:
+            self._gpu(state, gpu_index, present=False).recovery_action = action
 
     def set_gpu_lost(self, gpu_index: int, lost: bool) -> None:
         """A lost GPU ("fallen off the bus") answers GPU_IS_LOST to all but identity calls."""
@@ -134,12 +150,16 @@ class SimControl:
             state.gpus[gpu_index] = GpuState(board=old.board + 1)
 
     def reset_gpu(self, gpu_index: int) -> None:
-        """Reset a GPU: a pending MIG mode applies and all MIG devices are gone."""
+        """Reset a GPU: a pending MIG mode applies, all MIG devices are gone, and the driver
+        reports no recovery action pending any more (a reset is what it asked for)."""
         with self.store.update() as state:
+            gpu = self._gpu(state, gpu_index)
             try:
-                mig.reset_gpu(self._gpu(state, gpu_index))
+                mig.reset_gpu(gpu)
             except NvmlFailure:
                 raise ValueError(f"GPU {gpu_index} is in use; stop its processes first") from None
+            if gpu.recovery_action is not None:
+                gpu.recovery_action = recovery.NONE
 
     def snapshot(self) -> dict[str, Any]:
         """The whole simulated node: static identity plus every piece of mutable state."""
@@ -155,6 +175,7 @@ class SimControl:
                 "mig_mode": {"current": gpu.mig_current, "pending": gpu.mig_pending},
                 "compute_mode": gpu.compute_mode,
                 "lost": gpu.lost,
+                "recovery_action": gpu.recovery_action,
                 "present": gpu.present,
                 "gpu_instances": [
                     {

@@ -86,6 +86,9 @@ class GpuState:
     gpu_instances: list[GpuInstanceState] = field(default_factory=list)
     processes: list[ProcessState] = field(default_factory=list)
     loads: list[LoadState] = field(default_factory=list)
+    recovery_action: int | None = 0
+    """``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (0: none needed); None: the driver does not
+    offer the field (older drivers), so NVML answers NOT_SUPPORTED for it."""
 
     def gpu_instance(self, gi_id: int) -> GpuInstanceState | None:
         return next((gi for gi in self.gpu_instances if gi.id == gi_id), None)

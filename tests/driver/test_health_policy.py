@@ -22,6 +22,12 @@ from gpudra.driver.health import (
 )
 
 A, B = "GPU-aaaa", "GPU-bbbb"
+# These XIDs come from a driver that reports no recovery needed (its NVML recovery action
+# field says NONE): the quiet-period path. Recovery: tests/driver/test_xid_recovery.py.
+def _quiet(*args: object) -> XidObserved:
+    return XidObserved(*args, recovery_action=0)  # type: ignore[arg-type]
+
+
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 MIG_0 = MigLocation(profile_id=19, start=0)
 MIG_1 = MigLocation(profile_id=19, start=1)
@@ -62,24 +68,24 @@ ALL_B = ["gpu-1", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-1g10gb-19-1"]
 
 
 @pytest.mark.parametrize(("events", "expected"), [
-    pytest.param([(0, XidObserved(A, 79))],
+    pytest.param([(0, _quiet(A, 79))],
                  {"gpu-0": [(TAINT_XID, "79", "NoSchedule")]}, id="critical-xid"),
-    pytest.param([(0, XidObserved(A, 13))],
+    pytest.param([(0, _quiet(A, 13))],
                  {"gpu-0": [(TAINT_XID, "13", "None")]}, id="application-xid"),
-    pytest.param([(0, XidObserved(B, 48))],
+    pytest.param([(0, _quiet(B, 48))],
                  {key: [(TAINT_XID, "48", "NoSchedule")] for key in ALL_B},
                  id="gpu-wide-xid-taints-every-mig-device"),
-    pytest.param([(0, XidObserved(B, 94, MIG_1, "MIG-x"))],
+    pytest.param([(0, _quiet(B, 94, MIG_1, "MIG-x"))],
                  {"gpu-1-mig-1g10gb-19-1": [(TAINT_XID, "94", "NoSchedule")]},
                  id="mig-xid-taints-that-mig-device-only"),
-    pytest.param([(0, XidObserved(A, 79)), (1, XidObserved(A, 48))],
+    pytest.param([(0, _quiet(A, 79)), (1, _quiet(A, 48))],
                  {"gpu-0": [(TAINT_XID, "48", "NoSchedule")]}, id="latest-critical-wins"),
-    pytest.param([(0, XidObserved(A, 79)), (1, XidObserved(A, 13))],
+    pytest.param([(0, _quiet(A, 79)), (1, _quiet(A, 13))],
                  {"gpu-0": [(TAINT_XID, "79", "NoSchedule")]},
                  id="application-xid-never-relaxes-a-critical-one"),
-    pytest.param([(0, XidObserved(A, 13)), (1, XidObserved(A, 79))],
+    pytest.param([(0, _quiet(A, 13)), (1, _quiet(A, 79))],
                  {"gpu-0": [(TAINT_XID, "79", "NoSchedule")]}, id="critical-after-application"),
-    pytest.param([(0, XidObserved(B, 48)), (1, XidObserved(B, 94, MIG_0))],
+    pytest.param([(0, _quiet(B, 48)), (1, _quiet(B, 94, MIG_0))],
                  {"gpu-1": [(TAINT_XID, "48", "NoSchedule")],
                   "gpu-1-mig-1g10gb-19-0": [(TAINT_XID, "94", "NoSchedule")],
                   "gpu-1-mig-1g10gb-19-1": [(TAINT_XID, "48", "NoSchedule")]},
@@ -90,7 +96,7 @@ ALL_B = ["gpu-1", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-1g10gb-19-1"]
                  id="gpu-lost-clears-when-it-answers"),
     pytest.param([(0, MonitoringChanged(A, False, "not supported"))],
                  {"gpu-0": [(TAINT_UNMONITORED, "", "None")]}, id="unmonitored"),
-    pytest.param([(0, XidObserved(A, 79)), (1, GpuLostChanged(A, True))],
+    pytest.param([(0, _quiet(A, 79)), (1, GpuLostChanged(A, True))],
                  {"gpu-0": [(TAINT_XID, "79", "NoSchedule"), (TAINT_GPU_LOST, "", "NoSchedule")]},
                  id="xid-and-lost-together"),
 ])
@@ -100,7 +106,7 @@ def test_events_become_taints(events, expected):
 
 @pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))
 def test_every_default_application_xid_is_recorded_without_blocking(xid):
-    state = run([(0, XidObserved(A, xid))])
+    state = run([(0, _quiet(A, xid))])
     assert taints(state) == {"gpu-0": [(TAINT_XID, str(xid), "None")]}
     assert health(state)["gpu-0"] == "Healthy"
 
@@ -108,7 +114,7 @@ def test_every_default_application_xid_is_recorded_without_blocking(xid):
 def test_configured_application_xids_are_added_to_the_defaults():
     policy = HealthPolicy.with_additional(parse_xids("63, 64"))
     assert policy.application_xids == APPLICATION_XIDS | {63, 64}
-    state = run([(0, XidObserved(A, 63)), (0, XidObserved(B, 79))], policy)
+    state = run([(0, _quiet(A, 63)), (0, _quiet(B, 79))], policy)
     assert taints(state)["gpu-0"] == [(TAINT_XID, "63", "None")]
     assert taints(state)["gpu-1"] == [(TAINT_XID, "79", "NoSchedule")]
 
@@ -139,7 +145,7 @@ def test_a_non_positive_quiet_period_is_refused(quiet):
 
 def test_an_xid_taint_clears_after_the_quiet_period():
     policy = HealthPolicy(quiet_period=60)
-    events: list[tuple[float, HealthEvent]] = [(0, XidObserved(A, 79))]
+    events: list[tuple[float, HealthEvent]] = [(0, _quiet(A, 79))]
     assert taints(run(events, policy, expire_at=59.9)) == {"gpu-0": [(TAINT_XID, "79",
                                                                        "NoSchedule")]}
     assert taints(run(events, policy, expire_at=60)) == {}
@@ -147,7 +153,7 @@ def test_an_xid_taint_clears_after_the_quiet_period():
 
 def test_a_new_critical_xid_restarts_the_quiet_period_and_keeps_time_added():
     policy = HealthPolicy(quiet_period=60)
-    events: list[tuple[float, HealthEvent]] = [(0, XidObserved(A, 79)), (50, XidObserved(A, 48))]
+    events: list[tuple[float, HealthEvent]] = [(0, _quiet(A, 79)), (50, _quiet(A, 48))]
     state = run(events, policy, expire_at=100)
     [device] = [d for d in state.apply(DEVICES).devices if d.taints]
     assert device.taints == (Taint(TAINT_XID, "48", "NoSchedule", rfc3339(T0)),)
@@ -158,25 +164,25 @@ def test_a_new_critical_xid_restarts_the_quiet_period_and_keeps_time_added():
 def test_scopes_recover_independently():
     policy = HealthPolicy(quiet_period=60)
     events: list[tuple[float, HealthEvent]] = [
-        (0, XidObserved(B, 48)), (30, XidObserved(B, 94, MIG_0))]
+        (0, _quiet(B, 48)), (30, _quiet(B, 94, MIG_0))]
     assert taints(run(events, policy, expire_at=70)) == {
         "gpu-1-mig-1g10gb-19-0": [(TAINT_XID, "94", "NoSchedule")]}
 
 
 def test_an_application_xid_shows_once_the_critical_one_cleared():
     policy = HealthPolicy(quiet_period=60)
-    events: list[tuple[float, HealthEvent]] = [(0, XidObserved(A, 79)), (30, XidObserved(A, 13))]
+    events: list[tuple[float, HealthEvent]] = [(0, _quiet(A, 79)), (30, _quiet(A, 13))]
     assert taints(run(events, policy, expire_at=70)) == {"gpu-0": [(TAINT_XID, "13", "None")]}
 
 
 def test_without_a_quiet_period_taints_stay():
-    state = run([(0, XidObserved(A, 79))], HealthPolicy(quiet_period=None), expire_at=1e9)
+    state = run([(0, _quiet(A, 79))], HealthPolicy(quiet_period=None), expire_at=1e9)
     assert taints(state) == {"gpu-0": [(TAINT_XID, "79", "NoSchedule")]}
     assert state.next_expiry() is None
 
 
 def test_expire_returns_the_same_state_when_nothing_expires():
-    state = run([(0, XidObserved(A, 79))])
+    state = run([(0, _quiet(A, 79))])
     assert state.expire(T0 + 1) is state
 
 
@@ -195,7 +201,7 @@ def test_gpu_lost_is_not_cleared_by_the_quiet_period():
 
 
 def test_device_health_for_the_kubelet():
-    state = run([(0, XidObserved(B, 94, MIG_0, "MIG-1234")), (0, XidObserved(A, 13)),
+    state = run([(0, _quiet(B, 94, MIG_0, "MIG-1234")), (0, _quiet(A, 13)),
                  (0, MonitoringChanged(B, False, "registering failed"))])
     report = {h.device: h for h in state.device_health(DEVICES, T0 + 7)}
     assert {name: h.status for name, h in report.items()} == {
@@ -227,29 +233,29 @@ def test_apply_replaces_our_taints_and_keeps_everyone_elses():
                                   taints=(foreign, stale)),))
     cleared = HealthState().apply(devices)
     assert cleared.devices[0].taints == (foreign,)
-    tainted = run([(0, XidObserved(A, 79))]).apply(devices)
+    tainted = run([(0, _quiet(A, 79))]).apply(devices)
     assert tainted.devices[0].taints == (foreign,
                                          Taint(TAINT_XID, "79", "NoSchedule", rfc3339(T0)))
 
 
 def test_apply_is_pure_and_keeps_untouched_devices():
-    state = run([(0, XidObserved(A, 79))])
+    state = run([(0, _quiet(A, 79))])
     result = state.apply(DEVICES)
     assert DEVICES.devices[0].taints == ()
     assert result.devices[1] is DEVICES.devices[1]
 
 
 def test_fingerprint_ignores_repeats_but_not_new_values():
-    first = run([(0, XidObserved(A, 79))])
-    assert first.observe(XidObserved(A, 79), T0 + 5).fingerprint() == first.fingerprint()
-    assert first.observe(XidObserved(A, 48), T0 + 5).fingerprint() != first.fingerprint()
+    first = run([(0, _quiet(A, 79))])
+    assert first.observe(_quiet(A, 79), T0 + 5).fingerprint() == first.fingerprint()
+    assert first.observe(_quiet(A, 48), T0 + 5).fingerprint() != first.fingerprint()
     assert first.expire(T0 + 1000).fingerprint() != first.fingerprint()
 
 
 def test_fingerprint_follows_latest_wins_across_scopes():
     """GPU-wide 48, then 94 on one MIG device, then 48 again: that MIG device shows 48."""
-    state = run([(0, XidObserved(B, 48)), (1, XidObserved(B, 94, MIG_0))])
+    state = run([(0, _quiet(B, 48)), (1, _quiet(B, 94, MIG_0))])
     assert taints(state)["gpu-1-mig-1g10gb-19-0"] == [(TAINT_XID, "94", "NoSchedule")]
-    again = state.observe(XidObserved(B, 48), T0 + 2)
+    again = state.observe(_quiet(B, 48), T0 + 2)
     assert taints(again)["gpu-1-mig-1g10gb-19-0"] == [(TAINT_XID, "48", "NoSchedule")]
     assert again.fingerprint() != state.fingerprint()
