@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
 from gpudra.api import bounded_json
-from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, api_error
+from gpudra.kube.errors import MAX_MESSAGE, ApiCallError, BadAnswer, NotFound, api_error
 from gpudra.kube.http_client import HttpError, Response, TooLarge
 from gpudra.kube.metrics import API_CALLS
 from gpudra.kube.objects import Obj
+from gpudra.kube.resource_versions import GROUP, V1_PATH, ResourceApi, UnsupportedServer
 from gpudra.kube.session import ApiSession
 
 if TYPE_CHECKING:
@@ -54,10 +55,14 @@ class Resource:
 
 
 NODES: Final = Resource("nodes", "/api/v1")
-RESOURCE_SLICES: Final = Resource("resourceslices", "/apis/resource.k8s.io/v1")
-DEVICE_CLASSES: Final = Resource("deviceclasses", "/apis/resource.k8s.io/v1")
-RESOURCE_CLAIMS: Final = Resource("resourceclaims", "/apis/resource.k8s.io/v1", namespaced=True)
+# resource.k8s.io resources are named by their v1 path; RawApi sends to the version the
+# server serves (``resource_versions``) and converts bodies both ways.
+RESOURCE_SLICES: Final = Resource("resourceslices", V1_PATH)
+DEVICE_CLASSES: Final = Resource("deviceclasses", V1_PATH)
+RESOURCE_CLAIMS: Final = Resource("resourceclaims", V1_PATH, namespaced=True)
 EVENTS: Final = Resource("events", "/apis/events.k8s.io/v1", namespaced=True)
+_RESOURCE_GROUP: Final = Resource(GROUP, "/apis/" + GROUP)
+"""The group's discovery document (``APIGroup``), which lists the versions served."""
 
 _ACCEPT_JSON: Final[Mapping[str, str]] = {"Accept": "application/json"}
 
@@ -197,7 +202,39 @@ class RawApi:
                            reason=response.reason, headers=response.headers, body=data)
         return response
 
+    async def _version(self, verb: str, resource: Resource,
+                       name: str | None) -> ResourceApi | None:
+        """The resource.k8s.io version the server is spoken to in, when ``resource`` is of
+        that group and it is not v1 (:mod:`gpudra.kube.resource_versions`)."""
+        if resource.group_version != V1_PATH:
+            return None
+        try:
+            chosen = await self._session.resource_versions.resolve(self._discover_group)
+        except UnsupportedServer as exc:
+            raise _counted(ApiCallError(verb, resource.plural, name, status=404,
+                                        reason="VersionNotServed", message=str(exc))) from exc
+        return chosen if chosen.converts else None
+
+    async def _discover_group(self) -> Obj | None:
+        try:
+            return await self._call("get", _RESOURCE_GROUP, None, "GET",
+                                    _RESOURCE_GROUP.group_version)
+        except NotFound:
+            return None
+
     async def _call(self, verb: str, resource: Resource, name: str | None, method: str,
+                    path: str, *, query: Sequence[tuple[str, str]] = (),
+                    body: Obj | None = None, content_type: str = "application/json") -> Obj:
+        version = await self._version(verb, resource, name)
+        if version is not None:
+            path = version.path + path.removeprefix(V1_PATH)
+            if body is not None and verb != "delete":
+                body = version.outgoing(resource.plural, body)
+        answer = await self._send(verb, resource, name, method, path, query=query, body=body,
+                                  content_type=content_type)
+        return answer if version is None else version.incoming(resource.plural, answer)
+
+    async def _send(self, verb: str, resource: Resource, name: str | None, method: str,
                     path: str, *, query: Sequence[tuple[str, str]] = (),
                     body: Obj | None = None, content_type: str = "application/json") -> Obj:
         with _NoAnswer(verb, resource, name, self.timeout):
@@ -270,23 +307,28 @@ class RawApi:
             query.append(("fieldSelector", field_selector))
         if resource_version:
             query.append(("resourceVersion", resource_version))
+        version = await self._version("watch", resource, None)
+        path = resource.collection(namespace)
+        if version is not None:
+            path = version.path + path.removeprefix(V1_PATH)
         with _NoAnswer("watch", resource, None, self.timeout):
             # No deadline for the whole stream; each read waits until a little after the
             # server should have ended it.
-            response = await self._open("watch", resource, None, "GET",
-                                        resource.collection(namespace), query=query,
+            response = await self._open("watch", resource, None, "GET", path, query=query,
                                         read_timeout=timeout_seconds + self.timeout)
         _succeeded("watch", resource.plural).inc()
         response.limit(MAX_OBJECT)  # per event: a watch stream has no end to bound
-        return WatchStream(response, resource)
+        return WatchStream(response, resource, version)
 
 
 class WatchStream:
     """The events of one open watch, one JSON object per line."""
 
-    def __init__(self, response: Response, resource: Resource) -> None:
+    def __init__(self, response: Response, resource: Resource,
+                 version: ResourceApi | None = None) -> None:
         self._response = response
         self._resource = resource
+        self._version = version  # events of an older resource.k8s.io version: to v1's shape
 
     async def next(self) -> Obj | None:
         """The next event (``{"type": ..., "object": ...}``), or ``None`` at a clean end."""
@@ -314,6 +356,8 @@ class WatchStream:
                                 reason="BadJSON",
                                 message=f"undecodable watch event {line[:80]!r}") from exc
             if isinstance(event, dict):
+                if self._version is not None:
+                    return self._version.event(self._resource.plural, event)
                 return event
 
     def close(self) -> None:
