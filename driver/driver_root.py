@@ -21,12 +21,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gpudra.driver.cdi import CdiError, ContainerEdits, DeviceNode, Hook, Mount
+from gpudra.driver import cdi_edits
+from gpudra.driver.cdi import CdiError, ContainerEdits, DeviceNode
+from gpudra.driver.cdi_discovery import (
+    DriverFiles,
+    GpuDrm,
+    discover_driver_files,
+    gpu_bus_ids,
+    gpu_drm,
+)
 from gpudra.driver.cdi_hooks import (
     HOOK_DIRS,
+    HookBinary,
     find_hook_binary,
     given_hook_binary,
-    library_hooks,
     missing_hook_message,
 )
 from gpudra.driver.devices import Device
@@ -56,27 +64,9 @@ LIBRARY_DIRS = (
     "lib",
     "usr/lib/wsl/lib",
 )
-LIBRARIES = (
-    "libcuda.so.1",
-    "libnvidia-ml.so.1",
-    "libnvidia-ptxjitcompiler.so.1",
-    "libnvidia-nvvm.so.4",
-    "libcudadebugger.so.1",
-    "libnvidia-opencl.so.1",
-    "libnvidia-cfg.so.1",
-    "libnvidia-allocator.so.1",
-    "libnvidia-gpucomp.so.*",
-)
-# Decode, encode and optical flow: for devices with media engines (see uses_video).
-VIDEO_LIBRARIES = ("libnvcuvid.so.1", "libnvidia-encode.so.1", "libnvidia-opticalflow.so.1")
 REQUIRED_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 BINARY_DIRS = ("usr/bin", "usr/local/bin", "usr/sbin", "bin", "sbin")
-BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
-            "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
-# GSP firmware, by driver version; containers see it at /lib/firmware/nvidia/<version>.
-FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia", "firmware/nvidia")
 C_LIBRARY = "libc.so.6"
-READ_ONLY_BIND = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 _VERSIONED_BY = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 
@@ -105,13 +95,21 @@ class DriverRoot:
 
     def __init__(self, root: Path, *, container_root: Path | None = None,
                  dev_root: Path | None = None, dev_container_root: Path | None = None,
-                 hook_path: str | None = None) -> None:
+                 hook_path: str | None = None, sysfs: Path | None = None,
+                 machine: str | None = None) -> None:
         self.hook_path = hook_path
+        self._multiarch = cdi_edits.machine_multiarch(machine)
         self.driver = HostTree.of(root, container_root)
         self.dev = (HostTree.of(dev_root, dev_container_root) if dev_root is not None
                     else HostTree.of(root, container_root))
+        # The kernel's view of PCI devices: the device root's sys/ when it has one (the
+        # simulator's), else this process's /sys, which in a container is the host's.
+        self._sysfs = sysfs
+        self._files: DriverFiles | None = None
         self._common: dict[bool, ContainerEdits] = {}
+        self._gpu_edits: dict[int, ContainerEdits] = {}
         self._gpu_nodes: dict[int, DeviceNode] = {}
+        self._bus_ids: dict[int, str] | None = None
         self._caps_major: int | None = None
         self._said_no_hooks = False
         self._watched = self._watch()
@@ -128,8 +126,11 @@ class DriverRoot:
 
     def refresh(self) -> None:
         """Forget cached discoveries (after a driver upgrade or reload)."""
+        self._files = None
         self._common.clear()
+        self._gpu_edits.clear()
         self._gpu_nodes.clear()
+        self._bus_ids = None
         self._caps_major = None
         self._said_no_hooks = False
         self.driver.forget()
@@ -210,9 +211,19 @@ class DriverRoot:
 
     # --- container edits ------------------------------------------------------------------
 
+    def driver_files(self) -> DriverFiles:
+        """Everything of the driver root that specs name, found once per discovery (start-up
+        and after the driver changed), never per claim."""
+        self.refresh_if_changed()
+        if self._files is None:
+            self._files = discover_driver_files(
+                self.driver, LIBRARY_DIRS, BINARY_DIRS, self.driver_version(),
+                self.has_c_library())
+        return self._files
+
     def common_edits(self, *, video: bool = False) -> ContainerEdits:
-        """Control nodes, libraries (with the media ones when ``video``), binaries,
-        firmware and the library hooks."""
+        """Control nodes, every library of the driver (with the media ones when ``video``),
+        configs, binaries, firmware, sockets and the hooks."""
         self.refresh_if_changed()
         cached = self._common.get(video)
         if cached is None:
@@ -223,18 +234,39 @@ class DriverRoot:
                     nodes.append(node)
                 elif name in REQUIRED_CONTROL_NODES:
                     raise CdiError(self._missing_node(f"/dev/{name}", "nvidia-modprobe -u -c=0"))
-            libraries = self._libraries(video)
-            cached = self._common[video] = ContainerEdits(
-                # A legacy-mode nvidia-container-runtime must not inject devices on its own.
-                env=("NVIDIA_VISIBLE_DEVICES=void",),
-                device_nodes=nodes,
-                mounts=[*libraries, *self._binaries(), *self._firmware()],
-                hooks=self._hooks([m.container_path for m in libraries]),
-            )
+            files = self.driver_files()
+            self._check_libraries(files)
+            cached = self._common[video] = cdi_edits.common_edits(
+                files, nodes, self._hook_binary(), video=video, multiarch=self._multiarch)
         return cached
 
     def gpu_edits(self, minor: int) -> ContainerEdits:
+        """A full GPU: its node, and its DRM nodes (found through its PCI bus id)."""
         self.refresh_if_changed()
+        cached = self._gpu_edits.get(minor)
+        if cached is None:
+            node = self._gpu_node(minor)
+            drm = self.gpu_drm(minor)
+            drm_nodes = [] if drm is None else [n for n in map(self.device_node, drm.nodes)
+                                                if n is not None]
+            cached = self._gpu_edits[minor] = cdi_edits.gpu_edits(
+                node, drm, drm_nodes, self._hook_binary())
+        return cached
+
+    def gpu_drm(self, minor: int) -> GpuDrm | None:
+        """The DRM nodes of GPU ``minor``; ``None`` when the driver does not show its bus id."""
+        if self._bus_ids is None:
+            self._bus_ids = gpu_bus_ids(self.dev)
+        bus_id = self._bus_ids.get(minor)
+        if bus_id is None:
+            return None
+        sysfs = self._sysfs
+        if sysfs is None:
+            local_sys = self.dev.local_path("sys")
+            sysfs = local_sys if local_sys.is_dir() else Path("/sys")
+        return gpu_drm(self.dev, sysfs, bus_id)
+
+    def _gpu_node(self, minor: int) -> DeviceNode:
         # Only successes are cached: NVIDIA's #1380 cached a spec without the device node.
         node = self._gpu_nodes.get(minor)
         if node is None:
@@ -243,13 +275,15 @@ class DriverRoot:
                 fix = f"nvidia-modprobe -c={minor}"
                 raise CdiError(self._missing_node(f"/dev/nvidia{minor}", fix))
             self._gpu_nodes[minor] = node
-        return ContainerEdits(device_nodes=(node,))
+        return node
 
     def mig_edits(self, parent_minor: int, gi: int, ci: int) -> ContainerEdits:
         """The parent GPU's node plus the GPU- and compute-instance access capabilities."""
         gi_minor, ci_minor = self.capability_minors(parent_minor, gi, ci)
-        caps = ContainerEdits(device_nodes=(self._cap_node(gi_minor), self._cap_node(ci_minor)))
-        return self.gpu_edits(parent_minor).merge(caps)
+        # No DRM nodes: NVIDIA gives them only to MIG devices of graphics (+gfx) profiles.
+        self.refresh_if_changed()
+        return ContainerEdits(device_nodes=(self._gpu_node(parent_minor),
+                                            self._cap_node(gi_minor), self._cap_node(ci_minor)))
 
     def capability_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
         """From the driver's ``/proc`` access files when present, else the documented layout."""
@@ -324,41 +358,21 @@ class DriverRoot:
                     self._caps_major = int(parts[0])
         return self._caps_major
 
-    def _libraries(self, video: bool) -> list[Mount]:
-        mounts: list[Mount] = []
-        for pattern in (*LIBRARIES, *(VIDEO_LIBRARIES if video else ())):
-            found = self.driver.find(LIBRARY_DIRS, pattern)
-            if not found and pattern in REQUIRED_LIBRARIES:
+    def _check_libraries(self, files: DriverFiles) -> None:
+        names = {lib.soname for lib in files.libraries}
+        for name in REQUIRED_LIBRARIES:
+            if name not in names:
                 raise CdiError(
-                    f"driver library {pattern} not found under driver root {self.root}"
+                    f"driver library {name} not found under driver root {self.root}"
                     f" (searched {', '.join(LIBRARY_DIRS)})"
                 )
-            mounts.extend(self._mount(rel, real) for rel, real in found)
-        return mounts
 
-    def _binaries(self) -> list[Mount]:
-        return [self._mount(rel, real)
-                for name in BINARIES for rel, real in self.driver.find(BINARY_DIRS, name)]
-
-    def _firmware(self) -> list[Mount]:
-        version = self.driver_version()
-        if version is None:
-            return []
-        found = self.driver.find([f"{d}/{version}" for d in FIRMWARE_DIRS], "gsp*.bin")
-        return [Mount(self.driver.host_path(real),
-                      f"/lib/firmware/nvidia/{version}/{Path(rel).name}", READ_ONLY_BIND)
-                for rel, real in found]
-
-    def _hooks(self, library_paths: list[str]) -> list[Hook]:
+    def _hook_binary(self) -> HookBinary | None:
         if self.hook_path is not None:
-            return library_hooks(given_hook_binary(self.hook_path), library_paths)
+            return given_hook_binary(self.hook_path)
         binary = find_hook_binary(self.driver)
-        if binary is None:
-            if not self._said_no_hooks:  # once per discovery, not per variant of the edits
-                _log().warning("CDI hooks unavailable", reason=missing_hook_message(self.driver))
-                self._said_no_hooks = True
-            return []
-        return library_hooks(binary, library_paths)
-
-    def _mount(self, rel: str, real: str) -> Mount:
-        return Mount(self.driver.host_path(real), rel, READ_ONLY_BIND)
+        if binary is None and not self._said_no_hooks:
+            # Once per discovery, not per variant of the edits.
+            _log().warning("CDI hooks unavailable", reason=missing_hook_message(self.driver))
+            self._said_no_hooks = True
+        return binary

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gpudra.driver.cdi import CdiDevice, Hook, build_claim_spec, write_spec
+from gpudra.driver.cdi import CdiDevice, build_claim_spec, write_spec
+from gpudra.driver.cdi_edits import machine_multiarch
 from gpudra.driver.devices import Device
 from gpudra.driver.driver_root import DriverRoot, uses_video
 from gpudra.driver.sim.driver_root import DRIVER_VERSION, LAYOUTS, populate_driver_root
@@ -19,7 +20,8 @@ UID = "fb5d2f1e-7c4a-4e2b-9f61-3a8d5c0e7b12"  # starts with a letter: no 0.5.0 f
 HOST_ROOTS = {
     "host": ("/", "/usr/lib/x86_64-linux-gnu"),
     "operator": ("/run/nvidia/driver", "/usr/lib/x86_64-linux-gnu"),
-    "gke": ("/home/kubernetes/bin/nvidia", "/lib64"),
+    # lib64 of GKE's root is no directory an image searches: the standard one instead.
+    "gke": ("/home/kubernetes/bin/nvidia", f"/usr/lib/{machine_multiarch()}"),
 }
 RO = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 
@@ -50,7 +52,8 @@ def test_each_layout_yields_a_complete_spec(tmp_path, layout):
                             common=roots.common_edits(video=True))
     # Device nodes name host /dev: no hostPath, so nothing above 0.3.0 is needed.
     assert spec["cdiVersion"] == "0.3.0"
-    assert spec["devices"][0]["containerEdits"] == {"deviceNodes": [{"path": "/dev/nvidia1"}]}
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia1"}, {"path": "/dev/dri/card2"}, {"path": "/dev/dri/renderD129"}]
     edits = spec["containerEdits"]
     assert [n["path"] for n in edits["deviceNodes"]] == [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
@@ -59,8 +62,9 @@ def test_each_layout_yields_a_complete_spec(tmp_path, layout):
                    "libnvidia-nvvm.so.4", "libnvcuvid.so.1", "libnvidia-encode.so.1",
                    "libnvidia-opticalflow.so.1"):
         real = soname.rpartition(".so.")[0] + f".so.{DRIVER_VERSION}"
+        on_host = "/lib64" if layout == "gke" else lib
         assert mounts[f"{lib}/{soname}"] == {
-            "hostPath": host_path(root_host, f"{lib}/{real}"),
+            "hostPath": host_path(root_host, f"{on_host}/{real}"),
             "containerPath": f"{lib}/{soname}", "options": RO}
     bin_dir = "/bin" if layout == "gke" else "/usr/bin"
     for binary in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
@@ -77,14 +81,15 @@ def test_each_layout_yields_a_complete_spec(tmp_path, layout):
     if hook_path is None:
         assert "hooks" not in edits
     else:
-        assert edits["hooks"] == [
-            {"hookName": "createContainer", "path": hook_path,
-             "args": ["nvidia-cdi-hook", "create-symlinks",
-                      "--link", f"libcuda.so.1::{lib}/libcuda.so",
-                      "--link", f"libnvidia-opticalflow.so.1::{lib}/libnvidia-opticalflow.so"]},
-            {"hookName": "createContainer", "path": hook_path,
-             "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", lib]},
-        ]
+        names = [h["args"][1] for h in edits["hooks"]]
+        assert names == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                         "disable-device-node-modification"]
+        assert all(h["path"] == hook_path and h["hookName"] == "createContainer"
+                   for h in edits["hooks"])
+        links = edits["hooks"][0]["args"][2:]
+        assert f"libcuda.so.1::{lib}/libcuda.so" in links
+        assert f"libnvidia-opticalflow.so.1::{lib}/libnvidia-opticalflow.so" in links
+        assert edits["hooks"][2]["args"][2:] == ["--folder", lib, "--folder", f"{lib}/vdpau"]
     write_spec(tmp_path / "cdi", spec)  # the version check accepts it
 
 
@@ -115,11 +120,12 @@ def test_nvidia_ctk_serves_when_nvidia_cdi_hook_is_absent(tmp_path):
     ctk = root / "usr/bin/nvidia-ctk"
     ctk.write_text("#!/bin/sh\n")
     hooks = DriverRoot(root).common_edits().hooks
-    assert hooks[0] == Hook("createContainer", str(ctk), (
-        "nvidia-ctk", "hook", "create-symlinks",
-        "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"))
-    assert hooks[1].args == ("nvidia-ctk", "hook", "update-ldcache",
-                             "--folder", "/usr/lib/x86_64-linux-gnu")
+    assert hooks[0].path == str(ctk)
+    assert hooks[0].args[:5] == ("nvidia-ctk", "hook", "create-symlinks",
+                                 "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so")
+    assert hooks[2].args == ("nvidia-ctk", "hook", "update-ldcache",
+                             "--folder", "/usr/lib/x86_64-linux-gnu",
+                             "--folder", "/usr/lib/x86_64-linux-gnu/vdpau")
 
 
 def test_a_missing_hook_binary_is_said_once_per_discovery(tmp_path):

@@ -18,6 +18,7 @@ from gpudra.driver.cdi import (
     build_claim_spec,
     qualified_name,
 )
+from gpudra.driver.cdi_edits import machine_multiarch
 from gpudra.driver.commands import HostCommandRunner
 from gpudra.driver.driver_root import LIBRARY_DIRS, DriverRoot, mig_capability_minors
 from gpudra.driver.nvml import NvmlUnavailable, open_nvml
@@ -175,15 +176,15 @@ def test_container_root_is_scanned_and_host_root_is_written(root):
 
 
 def test_absolute_library_symlinks_resolve_inside_the_driver_root(tmp_path):
-    populate_driver_root(tmp_path, [0])
+    populate_driver_root(tmp_path, [0], lib_dir="usr/lib64")
     lib64 = tmp_path / "usr/lib64"
-    lib64.mkdir()
-    (lib64 / "libcuda.so.999").write_text("x")
+    (tmp_path / "usr/lib").mkdir()
     # Absolute links in a driver container's tree mean "inside that tree".
-    (lib64 / "libcuda.so.1").symlink_to("/usr/lib/../lib64/libcuda.so.999")
-    (tmp_path / "usr/lib/x86_64-linux-gnu/libcuda.so.1").unlink()
+    (lib64 / "libcuda.so.1").unlink()
+    (lib64 / "libcuda.so.1").symlink_to("/usr/lib/../lib64/libcuda.so.580.65.06")
     mounts = {m.container_path: m for m in DriverRoot(tmp_path).common_edits().mounts}
-    assert mounts["/usr/lib64/libcuda.so.1"].host_path == f"{tmp_path}/usr/lib64/libcuda.so.999"
+    assert mounts["/usr/lib64/libcuda.so.1"].host_path == \
+        f"{tmp_path}/usr/lib64/libcuda.so.580.65.06"
 
 
 # --- the one list of library directories ------------------------------------------------
@@ -205,7 +206,10 @@ def nvml_load_error(root):
 def test_nvml_cdi_and_host_commands_search_the_same_library_dirs(tmp_path, lib_dir):
     root = populate_driver_root(tmp_path, [0], lib_dir=lib_dir)
     mounts = {m.container_path for m in DriverRoot(root).common_edits().mounts}
-    assert f"/{lib_dir}/libnvidia-ml.so.1" in mounts
+    # A top-level lib64/ or lib/ of a root that is no OS tree (GKE's) is no directory an
+    # image's loader searches: containers get those libraries at the standard path.
+    in_container = f"usr/lib/{machine_multiarch()}" if lib_dir in ("lib64", "lib") else lib_dir
+    assert f"/{in_container}/libnvidia-ml.so.1" in mounts
     assert nvml_load_error(root).startswith(
         f"cannot load {root}/{lib_dir}/libnvidia-ml.so.580.65.06:")
     print_library_path(root)

@@ -9,6 +9,7 @@ import json
 import shutil
 
 from gpudra.api.claims import ClaimRef
+from gpudra.driver.cdi_edits import machine_multiarch
 from gpudra.driver.sim.driver_root import DRIVER_VERSION, populate_driver_root
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
@@ -32,14 +33,18 @@ async def test_gke_driver_root_with_a_separate_device_root(fake_api: FakeApiServ
             assert (await kubelet.prepare([ref]))[ref.uid]["error"] == ""
             spec = json.loads(
                 (daemon.cdi_root / f"k8s.{DRIVER}-claim_{ref.uid}.json").read_text())
+            # The GPU's DRM nodes too, found through its bus id (card0 is the BMC's).
             assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
-                {"path": "/dev/nvidia2"}]
+                {"path": "/dev/nvidia2"}, {"path": "/dev/dri/card3"},
+                {"path": "/dev/dri/renderD130"}]
             edits = spec["containerEdits"]
             assert [n["path"] for n in edits["deviceNodes"]][:2] == [
                 "/dev/nvidiactl", "/dev/nvidia-uvm"]
             mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
-            assert mounts["/lib64/libcuda.so.1"] == f"{gke}/lib64/libcuda.so.{DRIVER_VERSION}"
-            assert mounts["/lib64/libnvcuvid.so.1"]  # a full GPU gets the media libraries
+            # GKE's lib64 is no directory an image's loader searches: the standard one.
+            lib = f"/usr/lib/{machine_multiarch()}"
+            assert mounts[f"{lib}/libcuda.so.1"] == f"{gke}/lib64/libcuda.so.{DRIVER_VERSION}"
+            assert mounts[f"{lib}/libnvcuvid.so.1"]  # a full GPU gets the media libraries
             assert mounts["/bin/nvidia-smi"] == f"{gke}/bin/nvidia-smi"
             # No toolkit under GKE's root: no hooks, and the log says why.
             assert "hooks" not in edits
