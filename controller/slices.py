@@ -320,4 +320,10 @@ def encode_device(device: Device, leaves: _Leaves | None = None) -> dict[str, An
         out["consumesCounters"] = [_consumption(c, leaves) for c in device.consumes_counters]
     if device.taints:
         out["taints"] = [_taint(t) for t in device.taints]
+    if device.binds_to_node:
+        out["bindsToNode"] = True
+    if device.binding_conditions:
+        out["bindingConditions"] = list(device.binding_conditions)
+    if device.binding_failure_conditions:
+        out["bindingFailureConditions"] = list(device.binding_failure_conditions)
     return out

@@ -84,6 +84,11 @@ class Device:
     """DRA consumable capacity: many claims share the device, each consuming capacity."""
     request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
     """Per capacity name; only on multi-allocatable devices."""
+    binding_conditions: tuple[str, ...] = ()
+    """KEP-5007: conditions the claim's device status must have True before the scheduler
+    binds a pod to it (ComputeDomain channels wait for their IMEX daemons)."""
+    binding_failure_conditions: tuple[str, ...] = ()
+    binds_to_node: bool = False
 
     @property
     def type(self) -> str:

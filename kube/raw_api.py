@@ -202,17 +202,24 @@ class RawApi:
                            reason=response.reason, headers=response.headers, body=data)
         return response
 
+    async def resource_version(self, verb: str = "get", resource: str = GROUP,
+                               name: str | None = None) -> ResourceApi:
+        """The resource.k8s.io version in use: asked of the server the first time when
+        ``auto``; an ``ApiCallError`` (of ``verb`` on ``resource``) when that fails or the
+        server serves none that fits (:mod:`gpudra.kube.resource_versions`)."""
+        try:
+            return await self._session.resource_versions.resolve(self._discover_group)
+        except UnsupportedServer as exc:
+            raise _counted(ApiCallError(verb, resource, name, status=404,
+                                        reason="VersionNotServed", message=str(exc))) from exc
+
     async def _version(self, verb: str, resource: Resource,
                        name: str | None) -> ResourceApi | None:
-        """The resource.k8s.io version the server is spoken to in, when ``resource`` is of
-        that group and it is not v1 (:mod:`gpudra.kube.resource_versions`)."""
+        """The version to speak when ``resource`` is of resource.k8s.io and the server is
+        not spoken to in v1 (the shape callers use); else None."""
         if resource.group_version != V1_PATH:
             return None
-        try:
-            chosen = await self._session.resource_versions.resolve(self._discover_group)
-        except UnsupportedServer as exc:
-            raise _counted(ApiCallError(verb, resource.plural, name, status=404,
-                                        reason="VersionNotServed", message=str(exc))) from exc
+        chosen = await self.resource_version(verb, resource.plural, name)
         return chosen if chosen.converts else None
 
     async def _discover_group(self) -> Obj | None:
@@ -274,9 +281,12 @@ class RawApi:
                                 resource.collection(namespace), body=body)
 
     async def replace(self, resource: Resource, name: str, body: Obj, *,
-                      namespace: str | None = None) -> Obj:
-        return await self._call("update", resource, _target(name, namespace), "PUT",
-                                resource.item(name, namespace), body=body)
+                      namespace: str | None = None, subresource: str = "") -> Obj:
+        """PUT ``body`` (to ``subresource``, e.g. ``status``); its
+        ``metadata.resourceVersion`` makes it conditional (409 Conflict when stale)."""
+        path = resource.item(name, namespace) + (f"/{subresource}" if subresource else "")
+        return await self._call("update", resource, _target(name, namespace), "PUT", path,
+                                body=body)
 
     async def apply(self, resource: Resource, name: str, body: Obj, *, field_manager: str,
                     namespace: str | None = None, subresource: str = "",
