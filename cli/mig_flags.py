@@ -32,6 +32,13 @@ def add_mig_flags(parser: argparse.ArgumentParser) -> None:
                              "shared counters; disjoint: one fixed set of placements that "
                              "never overlap and no full GPU on that GPU, no counters (env "
                              "DYNAMIC_MIG_PLACEMENTS; default all)")
+    parser.add_argument("--allow-mig-mode-change", metavar="all|none|LIST",
+                        default=env("ALLOW_MIG_MODE_CHANGE", "none"),
+                        help="GPUs before Hopper (A100, A30) whose MIG mode may be switched "
+                             "on for a MIG claim, which needs a GPU reset: all, none, or "
+                             "comma-separated minor numbers or UUIDs (env "
+                             "ALLOW_MIG_MODE_CHANGE; default none: such a GPU with MIG mode "
+                             "off offers its full GPU only)")
 
 
 def mig_offer(args: argparse.Namespace) -> MigOffer:
@@ -41,7 +48,8 @@ def mig_offer(args: argparse.Namespace) -> MigOffer:
         # Asked for by name (a values file written for NVIDIA's chart): every GPU, as there.
         gpus = "all" if feature_gates(args).values.get("DynamicMIG") is True else "none"
     try:
-        return parse_offer(gpus, args.dynamic_mig_profiles, args.dynamic_mig_placements)
+        return parse_offer(gpus, args.dynamic_mig_profiles, args.dynamic_mig_placements,
+                           args.allow_mig_mode_change)
     except MigOfferError as exc:
         flag = str(exc).split(":", 1)[0]
         name = flag.removeprefix("--").upper().replace("-", "_")

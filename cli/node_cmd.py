@@ -34,7 +34,12 @@ from gpudra.cli.options import (
 )
 from gpudra.driver.featuregates import DEFAULTS as GATES
 from gpudra.driver.gpu_shares import NONE, ShareableError, ShareableGpus, parse_shareable
-from gpudra.driver.health import DEFAULT_QUIET_PERIOD, HealthPolicy, parse_xids
+from gpudra.driver.health import (
+    DEFAULT_QUIET_PERIOD,
+    RECOVERY_EFFECTS,
+    HealthPolicy,
+    parse_xids,
+)
 from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 log = structlog.get_logger("gpudra.node")
@@ -107,6 +112,12 @@ def add_parser(sub: Any) -> None:
                         help="seconds without a new critical XID after which a GPU's XID taint "
                              f"clears; 0 keeps taints until restart (env XID_QUIET_PERIOD; "
                              f"default {DEFAULT_QUIET_PERIOD:g})")
+    parser.add_argument("--recovery-taint-effect", metavar="NoSchedule|NoExecute",
+                        default=env("RECOVERY_TAINT_EFFECT", "NoSchedule"),
+                        help="effect of the gpu.nvidia.com/recovery taint on a GPU that needs "
+                             "a reset or reboot (its driver's recovery action, or NVIDIA's "
+                             "XID catalog): NoExecute also evicts its pods (env "
+                             "RECOVERY_TAINT_EFFECT; default NoSchedule)")
     parser.add_argument("--shareable-gpus", metavar="all|none|LIST",
                         default=env("SHAREABLE_GPUS", "none"),
                         help="GPUs that also publish a shared device for fractional claims "
@@ -208,7 +219,12 @@ def _health_policy(args: argparse.Namespace) -> HealthPolicy:
                            field_name="--additional-xids-to-ignore")
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    return HealthPolicy.with_additional(extra, quiet_period=_quiet_period(args.xid_quiet_period))
+    effect = args.recovery_taint_effect.strip()
+    if effect not in RECOVERY_EFFECTS:
+        raise CliError(f"--recovery-taint-effect (env RECOVERY_TAINT_EFFECT): {effect!r} is "
+                       f"not one of {', '.join(RECOVERY_EFFECTS)}")
+    return HealthPolicy.with_additional(extra, quiet_period=_quiet_period(args.xid_quiet_period),
+                                        recovery_effect=effect)
 
 
 def _quiet_period(text: str) -> float | None:

@@ -170,6 +170,10 @@ def _offered(gpu: GpuRecord, options: ModelOptions) -> list[MigProfile]:
     if not (options.dynamic_mig and gpu.mig_capable
             and options.mig.covers(gpu.probe.minor, gpu.probe.uuid)):
         return []
+    if options.mig.mode_change_refused(gpu.probe.minor, gpu.probe.uuid,
+                                       mig_on=bool(gpu.mig_mode and gpu.mig_mode.current),
+                                       architecture=gpu.probe.architecture):
+        return []  # MIG off and switching it needs a reset nobody allowed
     return profile_order(options.mig, gpu.mig_profiles)
 
 

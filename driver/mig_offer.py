@@ -17,6 +17,14 @@ what each costs the scheduler (layout contract: ``gpudra.controller.slices``):
     prepared and destroyed after. No counters and no full GPU on that GPU: every subset of
     the set is a packing the hardware accepts, so the scheduler needs no rule to keep them
     apart, and nothing in them reaches other nodes' Filters.
+
+And one safety knob, ``mode_change`` (``--allow-mig-mode-change``): a GPU before Hopper
+(A100, A30: compute capability 8.0) cannot switch MIG mode without a GPU reset, which
+NVIDIA's driver stopped doing for good reason (it kills whatever runs there, and a reset
+that fails leaves the GPU unusable until a reboot). Such a GPU whose MIG mode is off offers
+its full GPU only, unless the admin names it here; with MIG mode on (the admin switched
+it), it offers its placements as any other GPU. Hopper and newer switch without a reset and
+need no opt-in.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from gpudra.driver.gpu_list import parse_gpu_list
+from gpudra.driver.gpu_list import GpuList, parse_gpu_list
 from gpudra.driver.mig import MigProfile, Placement, placement_order
 
 Placements = Literal["all", "disjoint"]
+NO_GPUS: Final = GpuList()
 PLACEMENTS: Final[tuple[Placements, ...]] = ("all", "disjoint")
 
 
@@ -46,9 +55,20 @@ class MigOffer:
     profiles: tuple[str, ...] | None = None
     """Profile names to publish, in the order given; None: every profile the GPU has."""
     placements: Placements = "all"
+    mode_change: GpuList = NO_GPUS
+    """GPUs whose MIG mode may be switched although that needs a GPU reset (see above)."""
 
     def covers(self, minor: int, uuid: str) -> bool:
         return self.every_gpu or minor in self.minors or uuid in self.uuids
+
+    def mode_change_refused(self, minor: int, uuid: str, *, mig_on: bool,
+                            architecture: int) -> bool:
+        """Whether offering MIG on this GPU needs a MIG mode switch the node will not make:
+        MIG mode off, a GPU that needs a reset to switch it, and no opt-in for it."""
+        if mig_on or not needs_reset_to_switch(architecture):
+            return False
+        allowed = self.mode_change
+        return not (allowed.every or minor in allowed.minors or uuid in allowed.uuids)
 
     def chosen_profiles(self, profiles: Sequence[MigProfile]) -> list[MigProfile]:
         """The GPU's profiles this offer publishes, in the GPU's order."""
@@ -57,8 +77,9 @@ class MigOffer:
         return [p for p in profiles if p.name in self.profiles]
 
 
-EVERY: Final = MigOffer(every_gpu=True)
-"""Every placement of every profile on every MIG-capable GPU: the exact layout."""
+EVERY: Final = MigOffer(every_gpu=True, mode_change=GpuList(every=True))
+"""Every placement of every profile on every MIG-capable GPU, MIG mode switched wherever
+needed: the exact layout (tests, tools). The daemon's flags never default to it."""
 NOTHING: Final = MigOffer()
 """No GPU offers dynamic MIG: the daemon's default, whose cost does not grow with the cluster."""
 
@@ -86,10 +107,22 @@ def parse_placements(text: str | None) -> Placements:
                         f"{', '.join(PLACEMENTS)}")
 
 
-def parse_offer(gpus: str | None, profiles: str | None, placements: str | None) -> MigOffer:
+HOPPER: Final = 9
+"""``nvmlDeviceArchitecture_t`` of Hopper: from here on MIG mode switches without a reset."""
+
+
+def needs_reset_to_switch(architecture: int) -> bool:
+    """Ampere (A100, A30; compute capability 8.0) needs a GPU reset to switch MIG mode."""
+    return architecture < HOPPER
+
+
+def parse_offer(gpus: str | None, profiles: str | None, placements: str | None,
+                mode_change: str | None = None) -> MigOffer:
     chosen = parse_gpu_list(gpus, "--dynamic-mig-gpus", MigOfferError)
     return MigOffer(every_gpu=chosen.every, minors=chosen.minors, uuids=chosen.uuids,
-                    profiles=parse_profiles(profiles), placements=parse_placements(placements))
+                    profiles=parse_profiles(profiles), placements=parse_placements(placements),
+                    mode_change=parse_gpu_list(mode_change, "--allow-mig-mode-change",
+                                               MigOfferError))
 
 
 def profile_order(offer: MigOffer, profiles: Sequence[MigProfile]) -> list[MigProfile]:

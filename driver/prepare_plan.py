@@ -172,7 +172,9 @@ def plan_claim(claim: ClaimToPrepare, node: NodeIndex) -> PreparePlan:
         if device.device not in node.targets and parse_device_name(device.device) is not None:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is a MIG device this "
                              "node does not offer (--dynamic-mig-gpus, --dynamic-mig-profiles, "
-                             "--dynamic-mig-placements, feature gate DynamicMIG), or its GPU "
+                             "--dynamic-mig-placements, feature gate DynamicMIG; an A100/A30 "
+                             "with MIG mode off also needs --allow-mig-mode-change, since "
+                             "switching it needs a GPU reset), or its GPU "
                              "was removed or repartitioned")
         if device.device not in node.targets:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is not in this node's "

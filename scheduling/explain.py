@@ -21,6 +21,7 @@ from gpudra.scheduling.catalog import STANDARD_ATTRIBUTES, STANDARD_DOMAIN, sugg
 from gpudra.scheduling.cel import CelCompileError, DeviceView, compile_selector
 from gpudra.scheduling.cel.values import split_name
 from gpudra.scheduling.explain_configs import decode_problems, device_problems
+from gpudra.scheduling.explain_mig_mode import mig_mode_hints
 from gpudra.scheduling.explain_subjects import ExplainError, Subject
 from gpudra.scheduling.selector_why import SelectorWhy
 
@@ -109,6 +110,8 @@ def explain(subject: Subject, allocator: Allocator, nodes: Sequence[str],
     summaries = _summaries(allocations)
     hints = _hints(subject, allocator)
     fitting = [a for a in allocations if a.allocatable]
+    if not fitting:  # an A100/A30 that publishes no MIG device because of its MIG mode
+        hints += mig_mode_hints(subject, allocator)
     skipped: Counter[str] = Counter(note.reason for a in allocations for note in a.pools)
     verdict_allocation = fitting[0] if fitting else allocations[0]
     config_errors = decode_problems(subject, allocator, driver)

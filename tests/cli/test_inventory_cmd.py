@@ -49,11 +49,16 @@ def test_a_small_node_is_listed_whole(capsys):
 
 def test_existing_mig_devices_are_always_listed(capsys):
     # two GPUs pre-partitioned by an admin (their MIG devices have UUIDs), six made on demand
-    _, lines, _ = inventory(capsys, "--simulate", "dgx-a100-static-mig")
+    # (made on demand on A100s with MIG mode off: only where switching it is allowed)
+    _, lines, _ = inventory(capsys, "--simulate", "dgx-a100-static-mig",
+                            "--allow-mig-mode-change", "all")
     names = devices(lines)
     assert [n for n in names if "-mig-" not in n] == [f"gpu-{i}" for i in range(2, 8)]
     assert {n.split("-mig-")[0] for n in names if "-mig-" in n} == {"gpu-0", "gpu-1"}
     assert lines[-3].startswith("+ 150 MIG devices made on demand (25 per GPU,")
+    _, lines, _ = inventory(capsys, "--simulate", "dgx-a100-static-mig")
+    assert [n for n in devices(lines) if "-mig-" not in n] == [f"gpu-{i}" for i in range(2, 8)]
+    assert not any(line.startswith("+ ") for line in lines)  # the admin's MIG devices only
     _, lines, _ = inventory(capsys, "--simulate", "dgx-a100-static-mig", "--feature-gates",
                             "DynamicMIG=false")
     assert not any(line.startswith("+ ") for line in lines)

@@ -41,7 +41,9 @@ FLAGS = {
 }
 # Folders whose node offers MIG devices made on demand (off by default: README).
 DYNAMIC_MIG = {"mig-1g-dynamic": ["--dynamic-mig-gpus", "all"],
-               "two-mig-same-gpu": ["--dynamic-mig-gpus", "all"]}
+               # an A100 with MIG mode off: switching it needs a reset, so an admin opts in
+               "two-mig-same-gpu": ["--dynamic-mig-gpus", "all",
+                                    "--allow-mig-mode-change", "all"]}
 # Examples that must NOT fit on a node, and the reason explain must give.
 MISFITS = [
     ("gpu-by-product/claim.yaml", "dgx-a100", "selector #0 is false"),

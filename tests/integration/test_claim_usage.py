@@ -178,7 +178,8 @@ async def test_mig_device_before_hopper_has_memory_and_no_sm_figure(fake_api):
     fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
     port = free_port()
     daemon = Daemon(fake_api.url, profile="dgx-a100",
-                    extra_args=("--http-address", f"127.0.0.1:{port}",
+                    extra_args=("--allow-mig-mode-change", "all",  # A100: MIG mode is off
+                                "--http-address", f"127.0.0.1:{port}",
                                 "--usage-interval", "100ms", "--idle-after", "1s"))
     daemon.port = port  # type: ignore[attr-defined]
     daemon.start()
