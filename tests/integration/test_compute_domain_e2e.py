@@ -1,0 +1,326 @@
+"""A 4-node ComputeDomain end to end, on simulated GB200 NVL72 trays.
+
+Real processes over real transports: per node a ``gpudra compute-domain-node`` (the
+compute-domain.nvidia.com kubelet plugin) registered by a kubelet stand-in over its unix
+sockets and publishing to the API stand-in over HTTP; a pod runner per node
+(:mod:`gpudra.testing.pod_runner`) running the IMEX daemon pods, whose command is the
+contract's ``gpudra compute-domain-daemon`` with the simulated node's settings in its
+environment, each running a simulated IMEX daemon that talks TCP to its peers.
+
+The controller's part (daemon pods per allocated node, the claims' binding conditions) is
+played here by :class:`_ControllerStandIn`, the two duties the node side needs, until
+``gpudra controller`` is available to start instead. The scheduler's part is played by the
+test: it allocates each node's ``channel-0`` as the scheduler would (binding conditions
+copied from the published device) and binds a workload pod only once the claim's
+``ComputeDomainReady`` is True.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpudra.api.claims import ClaimRef
+from gpudra.api.compute_domain import (
+    CONDITION_FAILED,
+    CONDITION_READY,
+    DRIVER_NAME,
+    LABEL_DOMAIN,
+    LABEL_NODE,
+    channel_config,
+)
+from gpudra.testing.fakeapi import FakeApiServer
+from gpudra.testing.kubelet_emulator import BackgroundKubelet, KubeletEmulator
+from gpudra.testing.pod_runner import PodRunner
+from tests.integration.daemon import ROOT, write_kubeconfig
+
+T = TypeVar("T")
+NODES = [f"gb-{i}" for i in range(4)]
+NAMESPACE = "default"
+DRIVER_NAMESPACE = "gpudra-system"
+
+
+def until(check: Callable[[], T], what: str, timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class SimNode:
+    """One simulated GB200 tray: its compute-domain plugin, kubelet and pod runner."""
+
+    name: str
+    address: str
+    url: str
+    network: Path
+    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp")))
+    process: subprocess.Popen[str] | None = None
+    kubelet: BackgroundKubelet | None = None
+    runner: PodRunner | None = None
+
+    @property
+    def registrar(self) -> Path:
+        return self.base / "reg"
+
+    @property
+    def imex_root(self) -> Path:
+        return self.base / "data" / "imex"
+
+    def start(self) -> None:
+        kubeconfig = write_kubeconfig(self.base / "kubeconfig", self.url)
+        self.kubelet = BackgroundKubelet(self.registrar).start()
+        with (self.base / "node.log").open("a") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpudra.cli.main", "compute-domain-node",
+                 "--node-name", self.name, "--simulate", "gb200-nvl72",
+                 "--sim-state", str(self.base / "sim"), "--kubeconfig", str(kubeconfig),
+                 "--registrar-dir", str(self.registrar), "--plugins-dir",
+                 str(self.base / "plugins"), "--data-dir", str(self.base / "data"),
+                 "--cdi-root", str(self.base / "cdi"), "--log-format", "console"],
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, text=True,
+                stdout=out, stderr=subprocess.STDOUT)
+        # What the daemon pods of this node need to find this simulated node: the
+        # contract's command line stays as the controller writes it.
+        self.runner = PodRunner(self.url, self.name, env={
+            "PYTHONPATH": str(ROOT), "KUBECONFIG": str(kubeconfig), "SIMULATE": "gb200-nvl72",
+            "SIM_STATE": str(self.base / "sim"), "GPUDRA_SIM_IMEX_NETWORK": str(self.network),
+            "GPUDRA_SIM_NODE_ADDRESS": self.address, "GPUDRA_IMEX_ROOT": str(self.imex_root),
+            "LOG_FORMAT": "console"}).start()
+
+    def log(self) -> str:
+        path = self.base / "node.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class _ControllerStandIn:
+    """The two controller duties this test needs (see the module docstring)."""
+
+    def __init__(self, api: FakeApiServer, domain: dict[str, Any]) -> None:
+        self.api = api
+        self.domain = domain
+
+    def daemon_pod(self, node: str) -> None:
+        meta = self.domain["metadata"]
+        uid = meta["uid"]
+        self.api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"imex-{node}", "namespace": DRIVER_NAMESPACE,
+            "labels": {LABEL_DOMAIN: uid, LABEL_NODE: node}},
+            "spec": {"nodeName": node, "restartPolicy": "Always",
+                     "terminationGracePeriodSeconds": 5, "containers": [{
+                         "name": "imex", "image": "gpudra",
+                         "command": ["gpudra", "compute-domain-daemon", "--domain-uid", uid,
+                                     "--domain-namespace", meta["namespace"],
+                                     "--domain-name", meta["name"], "--node", node,
+                                     "--interval", "0.2"],
+                         "env": [{"name": "NODE_NAME", "valueFrom": {
+                                     "fieldRef": {"fieldPath": "spec.nodeName"}}},
+                                 {"name": "POD_IP", "valueFrom": {
+                                     "fieldRef": {"fieldPath": "status.podIP"}}}]}]}})
+
+    def binding_conditions(self, claim: str, node: str) -> None:
+        """ComputeDomainReady from this node's entry in the domain's status."""
+        cd = self.api.get("ComputeDomain", self.domain["metadata"]["name"], NAMESPACE) or {}
+        entry = next((n for n in (cd.get("status") or {}).get("nodes") or []
+                      if n.get("name") == node), None)
+        ready = entry is not None and entry.get("status") == "Ready"
+        message = "IMEX daemon Ready" if ready else (
+            f"IMEX daemon of {node} is {entry.get('status') if entry else 'not there'}")
+        self.api.modify("ResourceClaim", claim, {"status": {"devices": [{
+            "driver": DRIVER_NAME, "pool": node, "device": "channel-0", "conditions": [
+                {"type": CONDITION_READY, "status": "True" if ready else "False",
+                 "reason": "Ready" if ready else "NotReady", "message": message,
+                 "lastTransitionTime": "2026-11-27T00:00:00Z", "observedGeneration": 1},
+                {"type": CONDITION_FAILED, "status": "False", "reason": "NotFailed",
+                 "message": "", "lastTransitionTime": "2026-11-27T00:00:00Z",
+                 "observedGeneration": 1}]}]}}, NAMESPACE)
+
+
+def _condition(api: FakeApiServer, claim: str, kind: str) -> str | None:
+    obj = api.get("ResourceClaim", claim, NAMESPACE) or {}
+    for device in (obj.get("status") or {}).get("devices") or []:
+        for condition in device.get("conditions") or []:
+            if condition["type"] == kind:
+                return str(condition["status"])
+    return None
+
+
+def _entries(api: FakeApiServer) -> dict[str, str]:
+    cd = api.get("ComputeDomain", "training", NAMESPACE) or {}
+    return {n["name"]: n["status"] for n in (cd.get("status") or {}).get("nodes") or []}
+
+
+@pytest.fixture
+def cluster(fake_api: FakeApiServer, tmp_path: Path) -> Iterator[list[SimNode]]:
+    network = tmp_path / "imex-net"
+    nodes = [SimNode(name, f"10.0.0.{i + 1}", fake_api.url, network)
+             for i, name in enumerate(NODES)]
+    for node in nodes:
+        fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _published_channel(api: FakeApiServer, node: str) -> dict[str, Any] | None:
+    for s in api.list("ResourceSlice"):
+        if s["spec"]["driver"] == DRIVER_NAME and s["spec"]["pool"]["name"] == node:
+            for device in s["spec"].get("devices") or []:
+                if device["name"] == "channel-0":
+                    return dict(device)
+    return None
+
+
+def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
+        fake_api: FakeApiServer, cluster: list[SimNode]) -> None:
+    # Each tray publishes its channels in its clique, with the binding conditions.
+    channels = {n.name: until(lambda n=n: _published_channel(fake_api, n.name),
+                              f"{n.name}'s channels published\n{n.log()}") for n in cluster}
+    for device in channels.values():
+        assert device["bindingConditions"] == [CONDITION_READY]
+        assert device["bindingFailureConditions"] == [CONDITION_FAILED]
+        assert device["bindsToNode"] is True
+        attrs = device["attributes"]
+        assert attrs["cliqueID"] == {"string": "9c6f5af3-53bf-49b5-a436-b66766c413c3.4026"}
+        assert attrs["type"] == {"string": "channel"}
+
+    domain = fake_api.put({
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+        "metadata": {"name": "training", "namespace": NAMESPACE},
+        "spec": {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "training-ch"},
+                                            "allocationMode": "Single"}}})
+    uid = domain["metadata"]["uid"]
+    controller = _ControllerStandIn(fake_api, domain)
+
+    # The scheduler allocates one channel claim per node, binding conditions included.
+    refs: dict[str, ClaimRef] = {}
+    for node in NODES:
+        stored = fake_api.put({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"worker-{node}", "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
+                "deviceClassName": "compute-domain-default-channel.nvidia.com"}}],
+                "config": [{"requests": ["channel"], "opaque": {
+                    "driver": DRIVER_NAME, "parameters": channel_config(uid)}}]}},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "channel", "driver": DRIVER_NAME, "pool": node,
+                             "device": "channel-0",
+                             "bindingConditions": channels[node]["bindingConditions"],
+                             "bindingFailureConditions":
+                                 channels[node]["bindingFailureConditions"]}],
+                "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {
+                    "driver": DRIVER_NAME, "parameters": channel_config(uid)}}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                    "key": "metadata.name", "operator": "In", "values": [node]}]}]}}}})
+        refs[node] = ClaimRef(NAMESPACE, stored["metadata"]["name"], stored["metadata"]["uid"])
+
+    async def prepare(node: SimNode, ref: ClaimRef) -> dict[str, Any]:
+        kubelet = await KubeletEmulator.discover(node.registrar)
+        try:
+            return (await kubelet.prepare([ref], driver=DRIVER_NAME))[ref.uid]
+        finally:
+            await kubelet.close()
+
+    # Before its daemon is Ready a channel prepare is refused, naming claim and domain.
+    early = asyncio.run(prepare(cluster[0], refs[NODES[0]]))
+    assert early["error"].startswith(f"claim {NAMESPACE}/worker-{NODES[0]}")
+    assert "ComputeDomain" in early["error"] and uid in early["error"]
+
+    # The controller's daemon pods join each node to the domain.
+    for node in NODES:
+        controller.daemon_pod(node)
+    until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "Ready"),
+          f"every node Ready: {_entries(fake_api)}\n" + "\n".join(
+              (n.runner.log(DRIVER_NAMESPACE, f"imex-{n.name}") if n.runner else "")
+              for n in cluster), timeout=90)
+    cd = fake_api.get("ComputeDomain", "training", NAMESPACE) or {}
+    nodes = cd["status"]["nodes"]
+    assert sorted(n["index"] for n in nodes) == [0, 1, 2, 3]  # each its own
+    assert {n["ipAddress"] for n in nodes} == {f"10.0.0.{i}" for i in range(1, 5)}
+    for node in cluster:
+        peers = (node.imex_root / uid / "nodes_config.cfg").read_text().split()
+        assert peers == [f"10.0.0.{i}" for i in range(1, 5)]
+
+    # Binding: the scheduler binds a pod only once ComputeDomainReady is True.
+    for node in NODES:
+        controller.binding_conditions(refs[node].name, node)
+        assert _condition(fake_api, refs[node].name, CONDITION_READY) == "True"
+    for node, sim_node in zip(NODES, cluster, strict=True):
+        answer = asyncio.run(prepare(sim_node, refs[node]))
+        assert answer["error"] == "", answer
+        (device,) = answer["devices"]
+        assert device["device_name"] == "channel-0"
+        spec = json.loads(next((sim_node.base / "cdi").glob("*.json")).read_text())
+        paths = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+        assert paths == ["/dev/nvidia-caps-imex-channels/channel0"]
+        fake_api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"worker-{node}", "namespace": NAMESPACE},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
+                "name": "w", "image": "x", "command": [sys.executable, "-c",
+                                                       "import time; time.sleep(600)"]}]}})
+    for node, sim_node in zip(NODES, cluster, strict=True):
+        assert sim_node.runner is not None
+        sim_node.runner.wait_running(NAMESPACE, f"worker-{node}")
+
+    # One IMEX daemon crashes (and keeps crashing when started again): its node and every
+    # peer say NotReady in the domain's status, and the claims are told.
+    crashed = cluster[3]
+    (crashed.network / f"{crashed.address}.crash").touch()
+    until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "NotReady"),
+          f"every node NotReady: {_entries(fake_api)}")
+    for node in NODES:
+        controller.binding_conditions(refs[node].name, node)
+        assert _condition(fake_api, refs[node].name, CONDITION_READY) == "False"
+
+    # It recovers once the daemon stays up.
+    (crashed.network / f"{crashed.address}.crash").unlink()
+    until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "Ready"),
+          f"every node Ready again: {_entries(fake_api)}")
+
+    # Leaving: the workload's claim is unprepared, the daemon pod deleted; its entry goes.
+    async def unprepare(node: SimNode, ref: ClaimRef) -> dict[str, Any]:
+        kubelet = await KubeletEmulator.discover(node.registrar)
+        try:
+            return (await kubelet.unprepare([ref], driver=DRIVER_NAME))[ref.uid]
+        finally:
+            await kubelet.close()
+
+    assert asyncio.run(unprepare(crashed, refs[crashed.name]))["error"] == ""
+    assert list((crashed.base / "cdi").glob("*.json")) == []
+    fake_api.delete("Pod", f"imex-{crashed.name}", DRIVER_NAMESPACE)
+    until(lambda: crashed.name not in _entries(fake_api), "the node to leave the domain")
