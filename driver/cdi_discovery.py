@@ -124,8 +124,7 @@ def discover_driver_files(tree: HostTree, library_dirs: Sequence[str],
         binaries=binaries,
         configs=_configs(tree),
         firmware=_firmware(tree, version),
-        sockets=tuple(FileMount(tree.host_path(real), rel) for name in SOCKETS
-                      for rel, real in tree.find(SOCKET_DIRS, name)),
+        sockets=_sockets(tree),
     )
 
 
@@ -181,6 +180,14 @@ def _configs(tree: HostTree) -> tuple[FileMount, ...]:
                 seen.add(found[0][1])
                 mounts.append(FileMount(tree.host_path(found[0][1]), f"{container_root}/{name}"))
     return tuple(mounts)
+
+
+def _sockets(tree: HostTree) -> tuple[FileMount, ...]:
+    found = []
+    for name in SOCKETS:
+        d, base = posixpath.split(name)
+        found.extend(tree.find([f"{r}/{d}" for r in SOCKET_DIRS], base)[:1])
+    return tuple(FileMount(tree.host_path(real), rel) for rel, real in found)
 
 
 def _firmware(tree: HostTree, version: str | None) -> tuple[FileMount, ...]:
