@@ -73,8 +73,7 @@ class CheckpointVersionUnsupported(CheckpointError):
 
 def checksum(data: object) -> str:
     """``sha256:<hex>`` of the canonical JSON of a raw (already parsed) JSON value."""
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(_canonical(data).encode()).hexdigest()
 
 
 class Snapshot(NamedTuple):
@@ -87,27 +86,97 @@ class Snapshot(NamedTuple):
     ``None``."""
 
 
+FILE_HINT = "checkpoint.json"
+"""Only named in errors of a record that does not survive its own round trip (a bug)."""
+
+
 def encode(cp: Checkpoint) -> bytes:
     """The checkpoint as a version 2 file."""
-    return _encoded(cp)[0]
+    return encode_as_read(cp, path=Path(FILE_HINT))[0]
 
 
-def encode_as_read(cp: Checkpoint, *, path: Path) -> tuple[bytes, Checkpoint]:
+class _Encoded(NamedTuple):
+    record: ClaimRecord
+    """Held so that its ``id`` is not reused while the entry lives."""
+    plain: str
+    """As written: the models' key order (the layout earlier builds wrote, byte for byte)."""
+    canonical: str
+    """As checksummed: sorted keys."""
+    as_read: ClaimRecord
+
+
+class RecordCache:
+    """Each claim record's canonical JSON and as-read record, by record object.
+
+    Records are immutable and a save changes one or two of them, so a save encodes and
+    re-reads only those: the rest of the file is text already made. Safe across threads:
+    entries are only added, and a save swaps in the entries of the records it wrote.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, str], _Encoded] = {}
+
+    def encoded(self, uid: str, record: ClaimRecord, path: Path) -> _Encoded:
+        entry = self._entries.get((id(record), uid))
+        if entry is not None and entry.record is record:
+            return entry
+        raw = json.loads(record.model_dump_json())
+        where = f"data.claims.{uid}"
+        return _Encoded(record, _compact(raw), _canonical(raw),
+                        decode_claim(path, uid, raw, where))
+
+    def keep(self, entries: dict[tuple[int, str], _Encoded]) -> None:
+        self._entries = entries
+
+
+def encode_as_read(cp: Checkpoint, *, path: Path,
+                   cache: RecordCache | None = None) -> tuple[bytes, Checkpoint]:
     """The version 2 file, and the checkpoint a reader decodes from it (values as JSON has
-    them: lists where ``cp`` may hold tuples), without parsing the file again."""
-    content, data = _encoded(cp)
-    return content, _validate(path, data, "data")
+    them: lists where ``cp`` may hold tuples), without parsing the file again.
 
-
-def _encoded(cp: Checkpoint) -> tuple[bytes, dict[str, Any]]:
+    Records found in ``cache`` are not encoded again.
+    """
+    cache = cache if cache is not None else RecordCache()
     # Checksum what a reader will parse, not an in-memory dict: integer keys become
     # strings on disk and would then sort differently.
-    data = json.loads(cp.model_dump_json())
-    if JOURNAL_KEY in data:  # would make the previous build look for a journal
+    rest = json.loads(cp.model_copy(update={"claims": {}}).model_dump_json())
+    if JOURNAL_KEY in rest:  # would make the previous build look for a journal
         raise ValueError(f"{JOURNAL_KEY!r} is reserved, not a checkpoint field")
-    doc = {"kind": KIND, "version": VERSION, "checksum": checksum(data), "data": data}
-    # Compact: json's C encoder does not do indentation, and saves sit on the prepare path.
-    return (json.dumps(doc, separators=(",", ":")) + "\n").encode(), data
+    entries = {(id(record), uid): cache.encoded(uid, record, path)
+               for uid, record in sorted(cp.claims.items())}
+    cache.keep(entries)
+    digest = "sha256:" + hashlib.sha256(
+        _assembled(rest, entries, canonical=True).encode()).hexdigest()
+    head = json.dumps({"kind": KIND, "version": VERSION, "checksum": digest},
+                      separators=(",", ":"))
+    data_text = _assembled(rest, entries, canonical=False)
+    content = f'{head[:-1]},"data":{data_text}}}\n'.encode()
+    top = _validate(path, {**rest, "claims": {}}, "data")
+    as_read = top.model_copy(update={"claims": {
+        uid: entry.as_read for (_, uid), entry in entries.items()}})
+    return content, as_read
+
+
+def _assembled(rest: dict[str, Any], entries: dict[tuple[int, str], _Encoded], *,
+               canonical: bool) -> str:
+    """``data``'s JSON text from its non-claim fields and the claims' encoded texts."""
+    claims = "{" + ",".join(
+        f"{json.dumps(uid)}:{entry.canonical if canonical else entry.plain}"
+        for (_, uid), entry in entries.items()) + "}"
+    encode_value = _canonical if canonical else _compact
+    keys = sorted(rest) if canonical else list(rest)
+    return "{" + ",".join(
+        f"{json.dumps(key)}:{claims if key == 'claims' else encode_value(rest[key])}"
+        for key in keys) + "}"
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _canonical(value: object) -> str:
+    """The text :func:`checksum` hashes for ``value``."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def decode_snapshot(content: bytes, *, path: Path, boot_id: str) -> Snapshot:

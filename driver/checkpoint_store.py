@@ -36,6 +36,7 @@ from gpudra.driver.checkpoint_codec import (
     JOURNAL_VERSION,
     VERSION,
     CheckpointCorrupt,
+    RecordCache,
     decode_snapshot,
     encode_as_read,
 )
@@ -118,6 +119,7 @@ class CheckpointStore:
         self.boot_id = boot_id if boot_id is not None else current_boot_id()
         self._lock = CheckpointLock(self.lock_path)
         self._cache: _Read | None = None
+        self._records = RecordCache()
         self._written: bytes | None = None
         """The content this process last wrote and synced (or found there, synced)."""
 
@@ -148,7 +150,7 @@ class CheckpointStore:
                 return Unreadable(exc)
             self._remove_stale_temps()
             if read.version is not None and read.version != VERSION:
-                self._write(*encode_as_read(read.checkpoint, path=self.path))
+                self._write(*encode_as_read(read.checkpoint, path=self.path, cache=self._records))
                 return Opened(self._result(read.checkpoint, migrated_from=read.version))
             if read.version is not None and self.journal_path.exists():
                 self.journal_path.unlink()  # left by the previous build: never read again
@@ -225,7 +227,7 @@ class CheckpointStore:
         read is replaced whole, except a newer build's (``CheckpointVersionUnsupported``).
         """
         started = time.perf_counter()
-        content, as_read = encode_as_read(cp, path=self.path)
+        content, as_read = encode_as_read(cp, path=self.path, cache=self._records)
         with self.locked():
             on_disk = _read_bytes(self.path)
             if on_disk == content:
