@@ -44,6 +44,10 @@ if TYPE_CHECKING:  # annotations only: `gpudra validate` reads the schema withou
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+"""Kubernetes' standard name (``deviceattribute.StandardDeviceAttributeNUMANode``, an int):
+claims can line a GPU up with a NIC or CPUs of other drivers by ``matchAttribute``. Our own
+``numaNode`` stays beside it for claims written against it."""
 
 # --- what devices publish: the schema the builders below follow -----------------------------
 # gpudra.scheduling.catalog checks claims against it; tests/scheduling/test_catalog.py builds
@@ -55,7 +59,7 @@ SHARED: Final = SHARED_TYPE
 _COMMON_ATTRIBUTES: Final[Mapping[str, type[AttributeValue]]] = {
     "type": str, "uuid": str, "productName": str, "brand": str, "architecture": str,
     "cudaComputeCapability": Version, "driverVersion": Version, "cudaDriverVersion": Version,
-    "numaNode": int, PCI_BUS_ID: str, PCIE_ROOT: str, "addressingMode": str,
+    "numaNode": int, PCI_BUS_ID: str, PCIE_ROOT: str, NUMA_NODE: int, "addressingMode": str,
 }
 PUBLISHED_ATTRIBUTES: Final[Mapping[str, Mapping[str, type[AttributeValue]]]] = {
     GPU: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
@@ -129,7 +133,7 @@ def _common_attributes(inv: NodeInventory, gpu: GpuRecord) -> dict[str, Attribut
     if gpu.pcie_root is not None:
         attrs[PCIE_ROOT] = gpu.pcie_root
     if probe.numa_node is not None:
-        attrs["numaNode"] = probe.numa_node
+        attrs["numaNode"] = attrs[NUMA_NODE] = probe.numa_node
     if probe.addressing_mode is not None:  # NVIDIA's too: only where NVML answers
         attrs["addressingMode"] = probe.addressing_mode
     if gpu.nvlink_domain is not None:

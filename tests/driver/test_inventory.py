@@ -16,19 +16,22 @@ from gpudra.driver.inventory import NodeInventory, read_inventory, simulated_pci
 from gpudra.driver.nvml import open_nvml
 
 # Pinned on purpose: renaming or dropping an attribute breaks users' CEL, so it must break
-# a test first. Names and types follow NVIDIA's driver, plus numaNode and nvlinkDomain.
+# a test first. Names and types follow NVIDIA's driver, plus numaNode and nvlinkDomain (and
+# Kubernetes' standard resource.kubernetes.io/numaNode beside ours).
 # addressingMode is NVIDIA's too, present where NVML answers (the simulated H100s).
 FULL_GPU_ATTRIBUTES = {
     "type": str, "uuid": str, "productName": str, "brand": str, "architecture": str,
     "cudaComputeCapability": Version, "driverVersion": Version, "cudaDriverVersion": Version,
     "resource.kubernetes.io/pciBusID": str, "resource.kubernetes.io/pcieRoot": str,
     "numaNode": int, "nvlinkDomain": str, "addressingMode": str,
+    "resource.kubernetes.io/numaNode": int,
 }
 DYNAMIC_MIG_ATTRIBUTES = {
     "type": str, "parentUUID": str, "profile": str, "productName": str, "brand": str,
     "architecture": str, "cudaComputeCapability": Version, "driverVersion": Version,
     "cudaDriverVersion": Version, "resource.kubernetes.io/pciBusID": str,
     "resource.kubernetes.io/pcieRoot": str, "numaNode": int, "addressingMode": str,
+    "resource.kubernetes.io/numaNode": int,
 }
 STATIC_MIG_ATTRIBUTES = {**DYNAMIC_MIG_ATTRIBUTES, "uuid": str}
 
@@ -79,6 +82,8 @@ def test_dgx_h100_full_gpus_carry_every_attribute(sim_state):
         assert gpu.attributes["driverVersion"] == Version("580.126.20")
         assert gpu.capacity["memory"] == 81559 << 20
     assert [g.attributes["numaNode"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [g.attributes["resource.kubernetes.io/numaNode"] for g in gpus] == [
+        0, 0, 0, 0, 1, 1, 1, 1]
     assert gpus[0].attributes["resource.kubernetes.io/pciBusID"] == "0000:1b:00.0"
     # NVSwitch: all eight GPUs share one NVLink domain
     assert len({g.attributes["nvlinkDomain"] for g in gpus}) == 1
