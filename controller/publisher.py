@@ -47,6 +47,7 @@ from gpudra.controller.slice_diff import (
     slices_equal,
     vanished,
 )
+from gpudra.controller.slice_features import describe, supported
 from gpudra.controller.slice_reflector import SliceReflector, version_of
 from gpudra.controller.slice_validation import SliceValidationError, ensure_valid
 from gpudra.controller.slices import OwnerRef, build_slices
@@ -110,6 +111,10 @@ class SlicePublisher:
         self._devices: NodeDevices | None = None
         self._checked: tuple[NodeDevices, bool] | None = None  # last validation verdict
         self._owner: OwnerRef | None = None
+        # Features the server's resource.k8s.io version lacks: left out of what is built,
+        # with one warning per set of features it cost (slice_features).
+        self._lacks: frozenset[str] = frozenset()
+        self._left_out_said: frozenset[str] = frozenset()
         self._published: frozenset[str] = frozenset()
         self._generation = 0  # the highest pool generation we have written
         self._resume: tuple[NodeDevices, int] | None = None  # a generation move under way
@@ -241,6 +246,9 @@ class SlicePublisher:
             return _Pause(self._backoff.at_cap(), until_update=True)
 
     async def _sync(self, devices: NodeDevices) -> _Pause | None:
+        lacks = (await self._api.resource_version()).lacks
+        if lacks != self._lacks:
+            self._lacks, self._checked = lacks, None  # what is built changes: check it again
         if self._owner is None:
             self._owner = await self._lookup_owner()
         if not self._valid(devices):
@@ -275,6 +283,13 @@ class SlicePublisher:
         return OwnerRef(name=self._node, uid=uid)
 
     def _build(self, devices: NodeDevices, generation: int) -> list[dict[str, Any]]:
+        devices, left_out = supported(devices, self._lacks)
+        if left_out and left_out.features != self._left_out_said:
+            self._left_out_said = left_out.features
+            log.warning("the API server's resource.k8s.io version lacks features some "
+                        "devices need; publishing without them", node=self._node,
+                        driver=self._driver, left_out=describe(left_out),
+                        lacks=sorted(self._lacks))
         return build_slices(devices, driver=self._driver, node_name=self._node,
                             generation=generation, owner=self._owner)
 

@@ -222,16 +222,16 @@ Discover = Callable[[], Awaitable[Obj | None]]
 
 
 class ResourceVersions:
-    """One session's choice: pinned, or found out once by discovery (retried after a
-    failure, kept after a success)."""
+    """One session's choice, found out once by discovery (retried after a failure, kept
+    after a success): the first version served (``auto``), or the one asked for, checked.
+    ``None`` speaks v1 without asking (a library default for callers that know)."""
 
-    def __init__(self, requested: str = STORED) -> None:
-        if requested not in CHOICES:
+    def __init__(self, requested: str | None = None) -> None:
+        if requested is not None and requested not in CHOICES:
             raise ValueError(f"resource API version {requested!r}: expected one of "
                              f"{', '.join(CHOICES)}")
         self.requested = requested
-        self._chosen: ResourceApi | None = None if requested == "auto" else ResourceApi(
-            requested)
+        self._chosen: ResourceApi | None = ResourceApi() if requested is None else None
         self._choosing = asyncio.Lock()
 
     @property
@@ -247,7 +247,7 @@ class ResourceVersions:
         async with self._choosing:
             if self._chosen is None:
                 group = await discover()
-                chosen = choose(self.requested, served_versions(group or {}))
+                chosen = choose(self.requested or "auto", served_versions(group or {}))
                 log.info("resource API version chosen", version=chosen.version,
                          served=list(chosen.served),
                          left_out=sorted(chosen.lacks) or None)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gpudra.kube.connection import Connection, KubeconfigError
 from gpudra.kube.http_client import HttpClient, HttpError, Response
-from gpudra.kube.resource_versions import STORED, ResourceVersions
+from gpudra.kube.resource_versions import ResourceVersions
 
 ConnectionSource = Connection | Callable[[], Connection]
 """A connection, or how to make one on first use (a kubeconfig the ``kubernetes``
@@ -24,9 +24,12 @@ package loads: slow, and maybe an exec plugin; in a worker thread)."""
 class ApiSession:
     """Requests to one API server, authenticated; close it when done."""
 
-    def __init__(self, connection: ConnectionSource, *, resource_api: str = STORED) -> None:
-        """``resource_api``: the resource.k8s.io version to speak, or ``auto`` to ask the
-        server on the first such call (:mod:`gpudra.kube.resource_versions`)."""
+    def __init__(self, connection: ConnectionSource, *,
+                 resource_api: str | None = None) -> None:
+        """``resource_api``: the resource.k8s.io version to speak (checked against what the
+        server serves on the first such call), ``auto`` to take the first it serves of v1,
+        v1beta2 and v1beta1, or None for v1 without asking
+        (:mod:`gpudra.kube.resource_versions`)."""
         self.resource_versions = ResourceVersions(resource_api)
         self._source = connection
         self._connection = connection if isinstance(connection, Connection) else None
@@ -34,7 +37,7 @@ class ApiSession:
         self._opening = asyncio.Lock()
 
     @classmethod
-    def for_url(cls, url: str, *, resource_api: str = STORED) -> ApiSession:
+    def for_url(cls, url: str, *, resource_api: str | None = None) -> ApiSession:
         """An unauthenticated session (tests, ``kubectl proxy``)."""
         return cls(Connection(server=url.rstrip("/")), resource_api=resource_api)
 
