@@ -40,6 +40,7 @@ from gpudra.driver.health import (
     HealthPolicy,
     parse_xids,
 )
+from gpudra.kube.resource_versions import CHOICES as RESOURCE_API_CHOICES
 from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 log = structlog.get_logger("gpudra.node")
@@ -60,6 +61,11 @@ def add_parser(sub: Any) -> None:
     add_simulation_flags(parser)
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                         help="kubeconfig file (env KUBECONFIG; default in-cluster config)")
+    parser.add_argument("--resource-api-version", choices=RESOURCE_API_CHOICES,
+                        default=env("RESOURCE_API_VERSION", "auto"),
+                        help="resource.k8s.io version to publish and read in: auto (the first "
+                             "the API server serves of v1, v1beta2, v1beta1), or one of them "
+                             "(env RESOURCE_API_VERSION; default auto)")
     parser.add_argument("--registrar-dir", type=Path,
                         default=env("KUBELET_REGISTRAR_DIRECTORY_PATH",
                                     "/var/lib/kubelet/plugins_registry"),
@@ -160,6 +166,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         node_name=node_name(args), driver_name=_driver_name(args), gates=feature_gates(args),
         shareable=_shareable(args), mig=mig_offer(args),
         health=_health_policy(args), kubeconfig=args.kubeconfig or None,
+        resource_api=args.resource_api_version,
         registrar_dir=args.registrar_dir, plugins_dir=args.plugins_dir,
         cdi_root=args.cdi_root, driver_root=args.driver_root,
         host_driver_root=args.host_driver_root, dev_root=args.dev_root,

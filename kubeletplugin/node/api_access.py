@@ -57,12 +57,13 @@ def check_api_access(kubeconfig: str | None, *, environ: Mapping[str, str] | Non
         raise ApiAccessError(f"{where}: {message}") from exc
 
 
-def api_session(connection: ConnectionSource) -> ApiSession:
+def api_session(connection: ConnectionSource, resource_api: str = "auto") -> ApiSession:
     """The daemon's session to the API server (opened on its first request). The client's
-    modules are imported here, after registration, not when the daemon starts."""
+    modules are imported here, after registration, not when the daemon starts.
+    ``resource_api``: ``--resource-api-version`` (``auto``: the server is asked)."""
     from gpudra.kube.session import ApiSession
 
-    return ApiSession(connection)
+    return ApiSession(connection, resource_api=resource_api)
 
 
 def _one_line(error: BaseException) -> str:

@@ -255,7 +255,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     runtime.step = "discovering devices and reconciling the checkpoint"
     # Opened on its first request: only a checkpoint that cannot be read asks it anything
     # here (the claims allocated to this node, the slices it published).
-    runtime.api = api = api_session(connection)
+    runtime.api = api = api_session(connection, config.resource_api)
     ask_api = _survivor_lists(config, api, asyncio.get_running_loop())
     try:
         state = await _in_daemon_thread(build_device_state, config, nvml, ask_api)

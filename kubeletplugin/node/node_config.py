@@ -49,6 +49,9 @@ class NodeConfig:
     """From ``--additional-xids-to-ignore`` and ``--xid-quiet-period``."""
     kubeconfig: str | None = None
     """None: the in-cluster configuration."""
+    resource_api: str = "auto"
+    """``--resource-api-version``: the resource.k8s.io version to speak; ``auto`` asks the
+    server (v1, else v1beta2, else v1beta1)."""
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/run/cdi")

@@ -7,12 +7,13 @@ sockets and publishing to the API stand-in over HTTP; a pod runner per node
 contract's ``gpudra compute-domain-daemon`` with the simulated node's settings in its
 environment, each running a simulated IMEX daemon that talks TCP to its peers.
 
-The controller's part (daemon pods per allocated node, the claims' binding conditions) is
-played here by :class:`_ControllerStandIn`, the two duties the node side needs, until
-``gpudra controller`` is available to start instead. The scheduler's part is played by the
-test: it allocates each node's ``channel-0`` as the scheduler would (binding conditions
-copied from the published device) and binds a workload pod only once the claim's
-``ComputeDomainReady`` is True.
+The controller is the real ``gpudra controller`` process: it makes one IMEX daemon pod per
+(domain, node) and sets the channel claims' binding conditions. The scheduler and the
+resourceclaim controller are played by the test: it allocates each node's ``channel-0`` as
+the scheduler would (binding conditions copied from the published device), schedules each
+daemon pod (its daemon claim made from the template, allocated on the pod's node, prepared
+through that node's kubelet stand-in, then ``spec.nodeName`` set), and binds a workload pod
+only once its claim's ``ComputeDomainReady`` is True.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ from gpudra.api.compute_domain import (
     CONDITION_FAILED,
     CONDITION_READY,
     DRIVER_NAME,
-    LABEL_DOMAIN,
     LABEL_NODE,
     channel_config,
 )
+from gpudra.driver.cdi import spec_path
 from gpudra.testing.fakeapi import FakeApiServer
 from gpudra.testing.kubelet_emulator import BackgroundKubelet, KubeletEmulator
 from gpudra.testing.pod_runner import PodRunner
+from tests.controller.compute_domains.harness import running
 from tests.integration.daemon import ROOT, write_kubeconfig
 
 T = TypeVar("T")
@@ -124,47 +126,51 @@ class SimNode:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-class _ControllerStandIn:
-    """The two controller duties this test needs (see the module docstring)."""
+def _schedule_daemon_pods(api: FakeApiServer, cluster: dict[str, SimNode],
+                          done: set[str]) -> None:
+    """What the resourceclaim controller, the scheduler and the kubelet do for a daemon pod
+    before its container starts: claim from the template, allocation on the pod's node,
+    prepare through that node's plugin, then the binding."""
+    for pod in api.list("Pod", DRIVER_NAMESPACE):
+        meta = pod["metadata"]
+        if pod["spec"].get("nodeName") or meta["name"] in done:
+            continue
+        node = meta["annotations"][LABEL_NODE]
+        (ref,) = pod["spec"]["resourceClaims"]
+        template = api.get("ResourceClaimTemplate", ref["resourceClaimTemplateName"],
+                           DRIVER_NAMESPACE) or {}
+        devices = template["spec"]["spec"]["devices"]
+        request = devices["requests"][0]["name"]
+        slot = sum(1 for p in api.list("Pod", DRIVER_NAMESPACE)
+                   if p["spec"].get("nodeName") == node)
+        claim = api.put({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"{meta['name']}-{ref['name']}", "namespace": DRIVER_NAMESPACE},
+            "spec": template["spec"]["spec"],
+            "status": {"allocation": {"devices": {
+                "results": [{"request": request, "driver": DRIVER_NAME, "pool": node,
+                             "device": f"daemon-{slot}"}],
+                "config": [{"source": "FromClaim", **c} for c in devices["config"]]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                    "key": "metadata.name", "operator": "In", "values": [node]}]}]}}}})
+        claim_ref = ClaimRef(DRIVER_NAMESPACE, claim["metadata"]["name"],
+                             claim["metadata"]["uid"])
+        answer = asyncio.run(_prepare(cluster[node], claim_ref))
+        assert answer["error"] == "", answer
+        api.modify("Pod", meta["name"], {
+            "spec": {"nodeName": node},
+            "status": {"resourceClaimStatuses": [
+                {"name": ref["name"], "resourceClaimName": claim["metadata"]["name"]}]}},
+            DRIVER_NAMESPACE)
+        done.add(meta["name"])
 
-    def __init__(self, api: FakeApiServer, domain: dict[str, Any]) -> None:
-        self.api = api
-        self.domain = domain
 
-    def daemon_pod(self, node: str) -> None:
-        meta = self.domain["metadata"]
-        uid = meta["uid"]
-        self.api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"imex-{node}", "namespace": DRIVER_NAMESPACE,
-            "labels": {LABEL_DOMAIN: uid, LABEL_NODE: node}},
-            "spec": {"nodeName": node, "restartPolicy": "Always",
-                     "terminationGracePeriodSeconds": 5, "containers": [{
-                         "name": "imex", "image": "gpudra",
-                         "command": ["gpudra", "compute-domain-daemon", "--domain-uid", uid,
-                                     "--domain-namespace", meta["namespace"],
-                                     "--domain-name", meta["name"], "--node", node,
-                                     "--interval", "0.2"],
-                         "env": [{"name": "NODE_NAME", "valueFrom": {
-                                     "fieldRef": {"fieldPath": "spec.nodeName"}}},
-                                 {"name": "POD_IP", "valueFrom": {
-                                     "fieldRef": {"fieldPath": "status.podIP"}}}]}]}})
-
-    def binding_conditions(self, claim: str, node: str) -> None:
-        """ComputeDomainReady from this node's entry in the domain's status."""
-        cd = self.api.get("ComputeDomain", self.domain["metadata"]["name"], NAMESPACE) or {}
-        entry = next((n for n in (cd.get("status") or {}).get("nodes") or []
-                      if n.get("name") == node), None)
-        ready = entry is not None and entry.get("status") == "Ready"
-        message = "IMEX daemon Ready" if ready else (
-            f"IMEX daemon of {node} is {entry.get('status') if entry else 'not there'}")
-        self.api.modify("ResourceClaim", claim, {"status": {"devices": [{
-            "driver": DRIVER_NAME, "pool": node, "device": "channel-0", "conditions": [
-                {"type": CONDITION_READY, "status": "True" if ready else "False",
-                 "reason": "Ready" if ready else "NotReady", "message": message,
-                 "lastTransitionTime": "2026-11-27T00:00:00Z", "observedGeneration": 1},
-                {"type": CONDITION_FAILED, "status": "False", "reason": "NotFailed",
-                 "message": "", "lastTransitionTime": "2026-11-27T00:00:00Z",
-                 "observedGeneration": 1}]}]}}, NAMESPACE)
+async def _prepare(node: SimNode, ref: ClaimRef) -> dict[str, Any]:
+    kubelet = await KubeletEmulator.discover(node.registrar)
+    try:
+        return dict((await kubelet.prepare([ref], driver=DRIVER_NAME))[ref.uid])
+    finally:
+        await kubelet.close()
 
 
 def _condition(api: FakeApiServer, claim: str, kind: str) -> str | None:
@@ -191,7 +197,8 @@ def cluster(fake_api: FakeApiServer, tmp_path: Path) -> Iterator[list[SimNode]]:
     try:
         for node in nodes:
             node.start()
-        yield nodes
+        with running(fake_api, tmp_path, extra=("--leader-elect", "false")):
+            yield nodes
     finally:
         for node in nodes:
             node.stop()
@@ -225,7 +232,6 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
         "spec": {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "training-ch"},
                                             "allocationMode": "Single"}}})
     uid = domain["metadata"]["uid"]
-    controller = _ControllerStandIn(fake_api, domain)
 
     # The scheduler allocates one channel claim per node, binding conditions included.
     refs: dict[str, ClaimRef] = {}
@@ -249,21 +255,20 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
                     "key": "metadata.name", "operator": "In", "values": [node]}]}]}}}})
         refs[node] = ClaimRef(NAMESPACE, stored["metadata"]["name"], stored["metadata"]["uid"])
 
-    async def prepare(node: SimNode, ref: ClaimRef) -> dict[str, Any]:
-        kubelet = await KubeletEmulator.discover(node.registrar)
-        try:
-            return (await kubelet.prepare([ref], driver=DRIVER_NAME))[ref.uid]
-        finally:
-            await kubelet.close()
-
     # Before its daemon is Ready a channel prepare is refused, naming claim and domain.
-    early = asyncio.run(prepare(cluster[0], refs[NODES[0]]))
+    early = asyncio.run(_prepare(cluster[0], refs[NODES[0]]))
     assert early["error"].startswith(f"claim {NAMESPACE}/worker-{NODES[0]}")
     assert "ComputeDomain" in early["error"] and uid in early["error"]
 
-    # The controller's daemon pods join each node to the domain.
-    for node in NODES:
-        controller.daemon_pod(node)
+    # The controller's daemon pods (scheduled here) join each node to the domain.
+    by_name = {n.name: n for n in cluster}
+    scheduled: set[str] = set()
+
+    def daemons_scheduled() -> bool:
+        _schedule_daemon_pods(fake_api, by_name, scheduled)
+        return len(scheduled) == len(NODES)
+
+    until(daemons_scheduled, "the controller's daemon pods")
     until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "Ready"),
           f"every node Ready: {_entries(fake_api)}\n" + "\n".join(
               (n.runner.log(DRIVER_NAMESPACE, f"imex-{n.name}") if n.runner else "")
@@ -276,16 +281,19 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
         peers = (node.imex_root / uid / "nodes_config.cfg").read_text().split()
         assert peers == [f"10.0.0.{i}" for i in range(1, 5)]
 
+    until(lambda: (fake_api.get("ComputeDomain", "training", NAMESPACE) or {}).get(
+        "status", {}).get("status") == "Ready", "the controller to call the domain Ready")
     # Binding: the scheduler binds a pod only once ComputeDomainReady is True.
     for node in NODES:
-        controller.binding_conditions(refs[node].name, node)
-        assert _condition(fake_api, refs[node].name, CONDITION_READY) == "True"
+        until(lambda node=node: _condition(fake_api, refs[node].name, CONDITION_READY)
+              == "True", f"ComputeDomainReady on {node}'s claim")
     for node, sim_node in zip(NODES, cluster, strict=True):
-        answer = asyncio.run(prepare(sim_node, refs[node]))
+        answer = asyncio.run(_prepare(sim_node, refs[node]))
         assert answer["error"] == "", answer
         (device,) = answer["devices"]
         assert device["device_name"] == "channel-0"
-        spec = json.loads(next((sim_node.base / "cdi").glob("*.json")).read_text())
+        spec = json.loads(spec_path(sim_node.base / "cdi", DRIVER_NAME,
+                                    refs[node].uid).read_text())
         paths = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
         assert paths == ["/dev/nvidia-caps-imex-channels/channel0"]
         fake_api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
@@ -303,9 +311,25 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
     (crashed.network / f"{crashed.address}.crash").touch()
     until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "NotReady"),
           f"every node NotReady: {_entries(fake_api)}")
+    until(lambda: (fake_api.get("ComputeDomain", "training", NAMESPACE) or {}).get(
+        "status", {}).get("status") == "NotReady", "the domain to say NotReady")
     for node in NODES:
-        controller.binding_conditions(refs[node].name, node)
-        assert _condition(fake_api, refs[node].name, CONDITION_READY) == "False"
+        until(lambda node=node: _condition(fake_api, refs[node].name, CONDITION_READY)
+              == "False", f"ComputeDomainReady False on {node}'s claim")
+    # A workload that comes now is refused by prepare too, naming the claim and the domain.
+    late = fake_api.put({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "late", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
+            "deviceClassName": "compute-domain-default-channel.nvidia.com"}}]}},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "channel", "driver": DRIVER_NAME, "pool": NODES[0],
+                         "device": "channel-1"}],
+            "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {
+                "driver": DRIVER_NAME, "parameters": channel_config(uid)}}]}}}})
+    refused = asyncio.run(_prepare(cluster[0], ClaimRef(NAMESPACE, "late",
+                                                        late["metadata"]["uid"])))
+    assert "is 'NotReady', not Ready" in refused["error"] and "default/late" in refused["error"]
 
     # It recovers once the daemon stays up.
     (crashed.network / f"{crashed.address}.crash").unlink()
@@ -321,6 +345,11 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
             await kubelet.close()
 
     assert asyncio.run(unprepare(crashed, refs[crashed.name]))["error"] == ""
-    assert list((crashed.base / "cdi").glob("*.json")) == []
-    fake_api.delete("Pod", f"imex-{crashed.name}", DRIVER_NAMESPACE)
-    until(lambda: crashed.name not in _entries(fake_api), "the node to leave the domain")
+    assert not spec_path(crashed.base / "cdi", DRIVER_NAME, refs[crashed.name].uid).exists()
+    fake_api.delete("Pod", f"worker-{crashed.name}", NAMESPACE)
+    fake_api.delete("ResourceClaim", refs[crashed.name].name, NAMESPACE)
+    # No channel claim of the domain on that node any more: the controller removes the
+    # daemon pod, whose daemon takes its entry out on SIGTERM.
+    until(lambda: crashed.name not in _entries(fake_api), "the node to leave the domain",
+          timeout=30)
+    assert set(_entries(fake_api)) == set(NODES[:3])
