@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +50,12 @@ from gpudra.api.proto import (
     dra_v1beta1_pb2_grpc,
     registration_pb2,
     registration_pb2_grpc,
+)
+from gpudra.testing.kubelet_health import (
+    KUBELET_HEALTH_SERVICES,
+    HealthStreamError,
+    HealthWatch,
+    pick_service,
 )
 
 KUBELET_SERVICES = (DRA_V1_ADVERTISED, DRA_V1BETA1_ADVERTISED)
@@ -271,6 +277,20 @@ class KubeletEmulator:
                         "devices": [_device(d) for d in getattr(result, "devices", ())]}
                   for uid, result in response.claims.items()}
         return RawAnswer(grpc.StatusCode.OK, "", claims)
+
+    def watch_health(self, *, driver: str | None = None,
+                     services: Sequence[str] = KUBELET_HEALTH_SERVICES,
+                     clock: Callable[[], float] = time.time) -> HealthWatch:
+        """Open the DRA health stream of the instance the kubelet would call, with the
+        service the kubelet picks (``services``: its preference; see
+        :mod:`gpudra.testing.kubelet_health`). Close it with :meth:`HealthWatch.close`."""
+        instance = self.instance(driver)
+        service = pick_service(instance.info.supported_versions, services)
+        if service is None:
+            raise HealthStreamError(
+                f"the plugin lists no health service this kubelet knows "
+                f"({list(instance.info.supported_versions)} vs {list(services)})")
+        return HealthWatch(instance.channel, service, clock=clock)
 
     async def close(self) -> None:
         while self.instances:
