@@ -245,6 +245,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
         unhealthy_devices,
     )
     from gpudra.kubeletplugin.cluster.events import held_event, send_held_event
+    from gpudra.kubeletplugin.cluster.recovery_events import RecoveryEvents
     from gpudra.kubeletplugin.node.node_state import build_device_state
 
     runtime.step = "opening NVML"
@@ -289,15 +290,21 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
                                 listeners=[] if runtime.on_idle is None else [runtime.on_idle]))
         runtime.usage.start()
     publisher = SlicePublisher(api, driver=config.driver_name, node_name=config.node_name)
+    recovery_events: RecoveryEvents | None = None
     if health is not None:
         loop = asyncio.get_running_loop()
         monitor: HealthMonitor | None = None
+        recovery_events = RecoveryEvents(RawApi(api), driver=config.driver_name,
+                                         node=config.node_name,
+                                         effect=config.health.recovery_effect)
 
         def refresh() -> None:
             assert monitor is not None and health is not None
             devices = monitor.apply(published())
             publisher.update(devices)
             status.health_changed(unhealthy_devices(devices))
+            assert recovery_events is not None
+            recovery_events.update(monitor.state.recovering())  # an Event per change
             health.notify()
 
         def changed() -> None:  # called from the watcher thread
@@ -322,6 +329,8 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     runtime.supervisor.start("publisher", publish)
     runtime.supervisor.start("claim status", status.run)
     runtime.supervisor.start("idle events", idle_events.run)
+    if recovery_events is not None:
+        runtime.supervisor.start("recovery events", recovery_events.run)
     runtime.step = None
     # Start-up's objects (modules, the device model, slices) live as long as the process:
     # frozen, later collections skip them, so a full collection is a fraction of its cost

@@ -41,6 +41,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def events(api: FakeApiServer, reason: str) -> list[dict]:
+    return [e for e in api.list("events.events.k8s.io", "default") if e.get("reason") == reason]
+
+
 def healthy(statuses: dict[str, DeviceStatus], *devices: str) -> bool:
     return all(d in statuses and statuses[d].health == "Healthy" for d in devices)
 
@@ -73,6 +77,10 @@ async def test_an_xid_needing_a_reset_is_unhealthy_until_the_gpu_is_reset(fake_a
 
             # The XID's own taint goes with the quiet period; the GPU still needs its reset.
             wait_until(lambda: taint_keys(fake_api, "gpu-1") == {RECOVERY})
+            wait_until(lambda: bool(events(fake_api, "GPURecoveryRequired")))
+            (event,) = events(fake_api, "GPURecoveryRequired")  # one, not one per response
+            assert event["type"] == "Warning" and event["regarding"]["name"] == "node-a"
+            assert "needs gpu-reset" in event["note"]
             later = await watch.wait_for(lambda s: "critical XID" not in s["gpu-1"].message)
             assert later["gpu-1"].health == "Unhealthy"
 
@@ -81,6 +89,8 @@ async def test_an_xid_needing_a_reset_is_unhealthy_until_the_gpu_is_reset(fake_a
             assert done["gpu-1"].message == ""
             assert watch.resource_health(cdi_ids) == {cdi_ids["gpu-1"][0]: "Healthy"}
             wait_until(lambda: taint_keys(fake_api, "gpu-1") == set())
+            wait_until(lambda: bool(events(fake_api, "GPURecovered")))
+            assert len(events(fake_api, "GPURecoveryRequired")) == 1
             watch.close()
         finally:
             await kubelet.close()
