@@ -79,6 +79,14 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     && "${VIRTUAL_ENV}/bin/pip" uninstall --yes pip \
     && gpudra --help > /dev/null
 
+# nvidia-cdi-hook: the program CDI specs name for their hooks (.so links, ldcache update, CUDA
+# forward compatibility, device node protection, /dev/dri mode), with NVIDIA's command line.
+# One standard-library Python file, so the chart's init container can copy it to the host
+# (as NVIDIA's chart copies its own), where the container runtime runs it.
+RUN install -m 0755 "$(python -c 'import gpudra.driver.cdi_hook_cli as m; print(m.__file__)')" \
+        /usr/local/bin/nvidia-cdi-hook \
+    && nvidia-cdi-hook noop
+
 # Non-root by default, so the CLI (`docker run … inventory --simulate dgx-a100`) runs
 # unprivileged. The node daemon is the exception: it must run as root, because the kubelet's
 # socket directories (/var/lib/kubelet/plugins*, root-owned 0750) and NVML's device nodes

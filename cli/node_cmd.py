@@ -36,8 +36,8 @@ from gpudra.driver.featuregates import DEFAULTS as GATES
 from gpudra.driver.gpu_shares import NONE, ShareableError, ShareableGpus, parse_shareable
 from gpudra.driver.health import (
     DEFAULT_QUIET_PERIOD,
-    RECOVERY_EFFECTS,
     HealthPolicy,
+    parse_recovery_effect,
     parse_xids,
 )
 from gpudra.kube.resource_versions import CHOICES as RESOURCE_API_CHOICES
@@ -226,10 +226,12 @@ def _health_policy(args: argparse.Namespace) -> HealthPolicy:
                            field_name="--additional-xids-to-ignore")
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    effect = args.recovery_taint_effect.strip()
-    if effect not in RECOVERY_EFFECTS:
-        raise CliError(f"--recovery-taint-effect (env RECOVERY_TAINT_EFFECT): {effect!r} is "
-                       f"not one of {', '.join(RECOVERY_EFFECTS)}")
+    try:
+        effect = parse_recovery_effect(
+            args.recovery_taint_effect,
+            field_name="--recovery-taint-effect (env RECOVERY_TAINT_EFFECT)")
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
     return HealthPolicy.with_additional(extra, quiet_period=_quiet_period(args.xid_quiet_period),
                                         recovery_effect=effect)
 

@@ -65,7 +65,8 @@ OWN_TAINT_KEYS = frozenset({TAINT_XID, TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109}) | xid_catalog.application_xids()
 """XIDs caused by the program on the GPU (NVIDIA's default ignore list, and what the XID
 catalog files as ``RESTART_APP``)."""
-RECOVERY_EFFECTS = ("NoSchedule", "NoExecute")
+RecoveryEffect = Literal["NoSchedule", "NoExecute"]
+RECOVERY_EFFECTS: tuple[RecoveryEffect, ...] = ("NoSchedule", "NoExecute")
 
 DEFAULT_QUIET_PERIOD = 300.0
 
@@ -88,13 +89,21 @@ def parse_xids(text: str, *, field_name: str = "XID list") -> frozenset[int]:
     return frozenset(xids)
 
 
+def parse_recovery_effect(text: str, *, field_name: str) -> RecoveryEffect:
+    """``NoSchedule`` or ``NoExecute``; anything else raises ValueError naming the field."""
+    for effect in RECOVERY_EFFECTS:
+        if text.strip() == effect:
+            return effect
+    raise ValueError(f"{field_name}: {text.strip()!r} is not one of {', '.join(RECOVERY_EFFECTS)}")
+
+
 @dataclass(frozen=True)
 class HealthPolicy:
     application_xids: frozenset[int] = APPLICATION_XIDS
     """XIDs recorded with effect ``None``; every other XID is critical."""
     quiet_period: float | None = DEFAULT_QUIET_PERIOD
     """Seconds without a new XID after which an XID taint clears; ``None``: never."""
-    recovery_effect: str = "NoSchedule"
+    recovery_effect: RecoveryEffect = "NoSchedule"
     """Effect of the ``recovery`` taint: ``NoExecute`` (evict) only where the admin opts in."""
 
     def __post_init__(self) -> None:
@@ -111,7 +120,8 @@ class HealthPolicy:
     @classmethod
     def with_additional(
         cls, additional_application_xids: Iterable[int] = (), *,
-        quiet_period: float | None = DEFAULT_QUIET_PERIOD, recovery_effect: str = "NoSchedule",
+        quiet_period: float | None = DEFAULT_QUIET_PERIOD,
+        recovery_effect: RecoveryEffect = "NoSchedule",
     ) -> HealthPolicy:
         """The default application XIDs plus ``additional_application_xids`` (NVIDIA's
         ``--additional-xids-to-ignore``)."""

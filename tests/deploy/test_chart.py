@@ -304,6 +304,8 @@ DEFAULT_ARGS = [
     "--host-driver-root=/",
     "--dev-root=/dev-root",
     "--host-dev-root=/",
+    # The hook the install-cdi-hook init container copies to the host (no cdiHookPath).
+    "--cdi-hook-path=/var/lib/kubelet/plugins/gpu.nvidia.com/bin/nvidia-cdi-hook",
     "--log-format=json",
     "--log-level=info",
     "--http-address=0.0.0.0:8080",
@@ -326,7 +328,8 @@ def test_simulation_adds_profile_and_state_under_the_plugin_dir():
     simulating, which must not be the (read-only) host driver root."""
     args = container(SIMULATE)["args"]
     real_root = ["--driver-root=/driver-root", "--host-driver-root=/", "--dev-root=/dev-root",
-                 "--host-dev-root=/"]
+                 "--host-dev-root=/",
+                 "--cdi-hook-path=/var/lib/kubelet/plugins/gpu.nvidia.com/bin/nvidia-cdi-hook"]
     assert args == [*(a for a in DEFAULT_ARGS if a not in real_root), "--simulate=dgx-a100",
                     "--sim-state=/var/lib/kubelet/plugins/gpu.nvidia.com/sim"]
 
@@ -420,9 +423,9 @@ def test_host_mounts():
 def test_init_container_waits_for_the_driver():
     """`gpudra wait-for-driver` with the plugin's view of both roots, before the daemon."""
     spec = daemon()
-    (init,) = spec["initContainers"]
+    init = {c["name"]: c for c in spec["initContainers"]}["wait-for-driver"]
     plugin = spec["containers"][0]
-    assert init["name"] == "wait-for-driver" and init["image"] == plugin["image"]
+    assert init["image"] == plugin["image"]
     assert init["command"] == ["gpudra"]
     assert init["args"] == ["wait-for-driver", "--driver-root=/driver-root",
                             "--dev-root=/dev-root", "--timeout=0", "--log-format=json"]
@@ -435,7 +438,8 @@ def test_init_container_waits_for_the_driver():
     operator = daemon(SCENARIOS["operator-driver-root"])
     assert "--timeout=600" in operator["initContainers"][0]["args"]
     assert "initContainers" not in daemon(SIMULATE)
-    assert "initContainers" not in daemon(SCENARIOS["no-wait-for-driver"])
+    assert [c["name"] for c in daemon(SCENARIOS["no-wait-for-driver"])["initContainers"]] == [
+        "install-cdi-hook"]
 
 
 def test_init_container_args_parse_with_the_cli():
@@ -450,7 +454,8 @@ def test_init_container_args_parse_with_the_cli():
 def test_device_root_and_hook_path_reach_the_flags():
     args = container(SCENARIOS["operator-driver-root"])["args"]
     assert "--cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook" in args
-    assert not any(a.startswith("--cdi-hook-path") for a in container()["args"])
+    assert "--cdi-hook-path=/var/lib/kubelet/plugins/gpu.nvidia.com/bin/nvidia-cdi-hook" in \
+        container()["args"]  # the chart's copy of the image's hook
     gke = daemon(SCENARIOS["gke"])
     assert "--host-driver-root=/home/kubernetes/bin/nvidia" in gke["containers"][0]["args"]
     assert "--host-dev-root=/" in gke["containers"][0]["args"]

@@ -150,7 +150,9 @@ def test_nvidia_defaults_keep_the_driver_root_log_level_and_image():
     c = container(DEFAULTS)
     assert "--host-driver-root=/" in c["args"]
     assert "--log-level=info" in c["args"]  # klog verbosity 4: no request detail
-    assert not any(a.startswith("--cdi-hook-path") for a in c["args"])  # "" means searched
+    # "": the chart copies the image's nvidia-cdi-hook to the host and names that copy.
+    assert "--cdi-hook-path=/var/lib/kubelet/plugins/gpu.nvidia.com/bin/nvidia-cdi-hook" in \
+        c["args"]
     assert c["image"].startswith(f"{OUR_IMAGE}:")
     assert c["securityContext"]["privileged"] is True
     assert c["securityContext"]["runAsUser"] == 0  # NVIDIA's {privileged: true} on our image

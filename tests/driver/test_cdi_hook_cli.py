@@ -53,7 +53,8 @@ def bundle(tmp_path: Path) -> tuple[Path, Path]:
 def run_hook(hook: Path, args: list[str], bundle_dir: Path) -> subprocess.CompletedProcess[str]:
     state = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1,
              "bundle": str(bundle_dir)}
-    return subprocess.run([sys.executable, str(hook), *args], input=json.dumps(state),
+    # -I -S: no site-packages, no gpudra: the file must stand alone, as it does on a host.
+    return subprocess.run([sys.executable, "-I", "-S", str(hook), *args], input=json.dumps(state),
                           capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -10,6 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
+from gpudra.cli.main import build_parser
+from gpudra.cli.node_cmd import node_config
+from gpudra.cli.options import CliError
 from gpudra.driver import gpu_recovery, sim, xid_catalog
 from gpudra.driver.device_model import build_devices
 from gpudra.driver.devices import Device, NodeDevices
@@ -28,6 +31,7 @@ from gpudra.driver.health_monitor import HealthMonitor
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
 from gpudra.driver.metrics import GPU_RECOVERY_REQUIRED
 from gpudra.driver.nvml import Nvml
+from gpudra.kubeletplugin.node.node_config import NodeConfig
 from tests.driver.test_health_watcher import PROBE_INTERVAL, WAIT_MS, Node, _wait_until_watching
 
 A = "GPU-aaaa"
@@ -243,3 +247,21 @@ def test_a_driver_without_the_field_falls_back_to_the_catalog(sim_node):
                           for k, _, _ in n.taints(monitor).get("gpu-0", [])))
         n.control.set_gpu_lost(0, False)  # seen again after leaving the bus
         _wait(lambda: _recovery_taints(n, monitor) == {})
+
+
+# --- the node's flags ----------------------------------------------------------------------
+
+
+def _config(*flags: str) -> NodeConfig:
+    return node_config(build_parser("node").parse_args(["node", *flags]))
+
+
+def test_the_recovery_effect_flag_and_its_environment(monkeypatch):
+    monkeypatch.delenv("RECOVERY_TAINT_EFFECT", raising=False)
+    assert _config().health.recovery_effect == "NoSchedule"
+    assert _config("--recovery-taint-effect", "NoExecute").health.recovery_effect == "NoExecute"
+    monkeypatch.setenv("RECOVERY_TAINT_EFFECT", "NoExecute")
+    assert _config().health.recovery_effect == "NoExecute"
+    with pytest.raises(CliError, match=r"--recovery-taint-effect \(env RECOVERY_TAINT_EFFECT\): "
+                                       r"'Evict' is not one of NoSchedule, NoExecute"):
+        _config("--recovery-taint-effect", "Evict")
