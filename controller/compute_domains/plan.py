@@ -105,19 +105,18 @@ def no_domain_conditions(use: ChannelUse) -> tuple[Condition, Condition]:
 def _node_state(node: str, pod: DaemonPod | None, entry: cd.NodeEntry | None, *, now: float,
                 seen: Observed, settings: objects.Settings) -> tuple[NodeState, float | None]:
     """The node's state, and when it changes by itself (a bound expiring), if it will."""
-    if pod is None or pod.deleting:
-        waiting = "the IMEX daemon pod is being replaced" if pod else \
-            "the IMEX daemon pod is being created"
-        ready = False
-    elif pod.failure:
+    # The message stays the same from the pod's creation to the daemon's first report, so
+    # a claim's waiting condition is written once, not once per step of the pod's start.
+    if pod is not None and pod.failure:
         return NodeState(node, False, failure=pod.failure), None
+    ready = pod is not None and not pod.deleting and entry is not None and \
+        entry.status == cd.STATUS_READY
+    if pod is not None and pod.deleting:
+        waiting = "the IMEX daemon pod is being replaced"
+    elif entry is None or pod is None:
+        waiting = "waiting for the IMEX daemon to start and report"
     else:
-        ready = entry is not None and entry.status == cd.STATUS_READY
-        if entry is None:
-            waiting = (f"the IMEX daemon pod {pod.name} is {pod.phase} and has not reported "
-                       "yet")
-        else:
-            waiting = f"the IMEX daemon on the node reports {entry.status}"
+        waiting = f"the IMEX daemon on the node reports {entry.status}"
     if ready:
         return NodeState(node, True), None
     since = seen.not_ready_since.get(node, now)
