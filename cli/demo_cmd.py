@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,6 @@ DEMO_USAGE_INTERVAL = 0.2
 DEMO_GPU_LOAD = (85, 2, 60, 40, 95, 15, 70, 0)
 """SM % the demo puts on each full GPU."""
 # (example file, what it shows)
-SHARED_GPU = 7
-"""The demo's shareable GPU (``--shareable-gpus``): the whole-GPU scenarios take the first."""
 SCENARIOS = [
     ("single-gpu/gpu.yaml", "one full GPU"),
     ("mig-1g-dynamic/claim.yaml", "a 1g MIG slice, created on demand"),
@@ -133,8 +132,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def shared_gpu(profile: str) -> int | None:
+    """The demo's shareable GPU (``--shareable-gpus``): the profile's last GPU not in MIG
+    mode, as the whole-GPU scenarios take the first free ones; None when every GPU is in MIG
+    mode (or the profile is unknown: the node daemon then says so)."""
+    from gpudra.driver.sim import profiles
+
+    if profile not in profiles.node_profiles():
+        return None
+    whole = [gpu.index for gpu in profiles.node_profile(profile).gpus if not gpu.mig_enabled]
+    return whole[-1] if whole else None
+
+
 def _demo(profile: str, base: Path) -> None:
     port = _free_port()
+    shared = shared_gpu(profile)
     url = f"http://127.0.0.1:{port}"
     http = _free_port()
     _say(f"gpudra demo — simulated node '{NODE}' ({profile}), everything under {base}")
@@ -159,7 +171,7 @@ def _demo(profile: str, base: Path) -> None:
                      "--registrar-dir", str(base / "registry"),
                      "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
                      "--http-address", f"127.0.0.1:{http}", "--log-format", "json",
-                     "--shareable-gpus", str(SHARED_GPU),
+                     *(["--shareable-gpus", str(shared)] if shared is not None else []),
                      # One node: dynamic MIG's cluster-wide cost (README) does not arise.
                      "--dynamic-mig-gpus", "all",
                      "--usage-interval", f"{DEMO_USAGE_INTERVAL}s"]
@@ -170,7 +182,7 @@ def _demo(profile: str, base: Path) -> None:
                                base / "node.log")
             elapsed = time.monotonic() - started
             _print_slices(slices, elapsed)
-            asyncio.run(_claims(url, base, slices, http))
+            asyncio.run(_claims(url, base, slices, http, shared))
             _print_metrics(http)
             daemon.send_signal(signal.SIGTERM)
             code = daemon.wait(20)
@@ -196,16 +208,22 @@ def _published(url: str) -> list[dict[str, Any]] | None:
 
 def _print_slices(slices: list[dict[str, Any]], elapsed: float) -> None:
     devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    kinds = Counter(str(d["attributes"]["type"]["string"]) for d in devices)
     full = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]
     counters = sum(len(s["spec"].get("sharedCounters", [])) for s in slices)
     product = full[0]["attributes"]["productName"]["string"] if full else "?"
+    # By type: a GPU's shared device (gpu-share) is not a MIG placement.
+    shares = kinds["gpu-share"]
     _say(f"1. published {len(slices)} ResourceSlices in {elapsed:.1f}s: {len(devices)} devices = "
-         f"{len(full)} x {product} + {len(devices) - len(full)} MIG placements, "
-         f"{counters} shared counter sets (one per GPU, so placements never overlap)")
+         f"{kinds['gpu']} x {product} + {kinds['mig']} MIG placements"
+         + (f" + {shares} shared GPU{'s' if shares != 1 else ''}" if shares else "")
+         + f", {counters} shared counter set{'s' if counters != 1 else ''}"
+         + (" (one per GPU, so placements never overlap)" if kinds["mig"] else ""))
     _say()
 
 
-async def _claims(url: str, base: Path, slices: list[dict[str, Any]], http: int) -> None:
+async def _claims(url: str, base: Path, slices: list[dict[str, Any]], http: int,
+                  shared: int | None) -> None:
     classes = _api(url, "/apis/resource.k8s.io/v1/deviceclasses")["items"]
     allocations: list[dict[str, Any]] = []
     prepared: list[Any] = []
@@ -220,13 +238,18 @@ async def _claims(url: str, base: Path, slices: list[dict[str, Any]], http: int)
                 _say(f"   {what}: not allocatable: {allocation.blocking or allocation.error}")
                 continue
             allocations.append(allocation.result)
-            ref = _create_claim(url, claim, allocation.result)
+            ref = _create_claim(url, claim, allocation.result,
+                                _pods(path.split("/")[0], claim, found[0].title))
             response = (await kubelet.prepare([ref]))[ref.uid]
             devices = ", ".join(d["device_name"] for d in response["devices"])
             status = f"error: {response['error']}" if response["error"] else f"prepared {devices}"
             _say(f"   {what:<36} {path.split('/')[0]:<18} → {status}")
             prepared.append(ref)
-        prepared += await _share_scene(url, base, slices, classes, allocations, kubelet)
+        if shared is None:
+            _say("   shares of a GPU: skipped, every GPU of this node is in MIG mode")
+        else:
+            prepared += await _share_scene(url, base, (slices, classes, allocations),
+                                           kubelet, shared)
         _say(f"   → on the (simulated) hardware now: {_hardware(base)}")
         _print_cdi(base, prepared)
         _top(base, http)
@@ -261,13 +284,16 @@ def _top(base: Path, http: int) -> None:
     _say()
 
 
-async def _share_scene(  # noqa: PLR0917 - the demo's running state, passed along
-    url: str, base: Path, slices: list[dict[str, Any]], classes: list[dict[str, Any]],
-    allocations: list[dict[str, Any]], kubelet: KubeletEmulator,
+async def _share_scene(
+    url: str, base: Path,
+    state: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
+    kubelet: KubeletEmulator, shared: int,
 ) -> list[ClaimRef]:
-    """Two pods share one GPU by memory and SMs: one MPS daemon, each pod's own limits."""
+    """Two pods share one GPU by memory and SMs: one MPS daemon, each pod's own limits.
+    ``state``: the slices, the classes and the allocations so far."""
     from gpudra.driver.sim.mps_daemon import read_limits
 
+    slices, classes, allocations = state
     documents = list(yaml.safe_load_all(
         package_data.example("fractional-gpu/claims.yaml").read_text()))
     known = {c["metadata"]["name"] for c in classes}
@@ -285,7 +311,8 @@ async def _share_scene(  # noqa: PLR0917 - the demo's running state, passed alon
                  f"{allocation.blocking or allocation.error}")
             continue
         allocations.append(allocation.result)
-        ref = _create_claim(url, claim, allocation.result)
+        ref = _create_claim(url, claim, allocation.result,
+                            _pods("fractional-gpu", claim, subject.title))
         response = (await kubelet.prepare([ref]))[ref.uid]
         if response["error"]:
             _say(f"   share {ref.name}: error: {response['error']}")
@@ -295,7 +322,7 @@ async def _share_scene(  # noqa: PLR0917 - the demo's running state, passed alon
         spec = json.loads((base / "cdi" / f"k8s.{DRIVER}-claim_{ref.uid}.json").read_text())
         env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
         consumed = result.get("consumedCapacity", {})
-        what = f"a share of GPU {SHARED_GPU}"
+        what = f"a share of GPU {shared}"
         _say(f"   {what:<36} {ref.name:<18} → prepared "
              f"{result['device']} share {str(result.get('shareID'))[:8]}…: "
              f"{consumed.get('memory')} / {consumed.get('multiprocessors')} SMs → MPS limits "
@@ -321,11 +348,33 @@ def _hardware(base: Path) -> str:
             f"compute mode on GPU [{', '.join(exclusive)}]")
 
 
-def _create_claim(url: str, claim: dict[str, Any], allocation: dict[str, Any]) -> ClaimRef:
+def _pods(folder: str, claim: dict[str, Any], title: str) -> list[str]:
+    """The example's pods that use this claim: the subject itself when it is a pod, else
+    the pods of the example's folder naming the claim or its template."""
+    if title.startswith("Pod "):
+        return [title.removeprefix("Pod ").rpartition("/")[2]]
+    name = claim["metadata"]["name"]
+    pods = []
+    for path in sorted(package_data.example(folder).glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not isinstance(doc, dict) or doc.get("kind") != "Pod":
+                continue
+            for ref in (doc.get("spec") or {}).get("resourceClaims") or []:
+                if name in (ref.get("resourceClaimName"), ref.get("resourceClaimTemplateName")):
+                    pods.append(str(doc["metadata"]["name"]))
+                    break
+    return pods
+
+
+def _create_claim(url: str, claim: dict[str, Any], allocation: dict[str, Any],
+                  pods: list[str]) -> ClaimRef:
     body = {**claim, "metadata": {"name": claim["metadata"]["name"], "namespace": "default"}}
     created = _api(url, "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
                    method="POST", body=body)
-    created["status"] = {"allocation": allocation}
+    # Reserved for the example's pods, as the scheduler does: prepare takes the pod names
+    # from here, and `gpudra top` shows them in its POD column.
+    created["status"] = {"allocation": allocation, "reservedFor": [
+        {"resource": "pods", "name": pod, "uid": f"demo-pod-{pod}"} for pod in pods]}
     name = created["metadata"]["name"]
     _api(url, f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}/status",
          method="PUT", body=created)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpudra.api.quantity import format_quantity
 from gpudra.cli.mig_flags import add_mig_flags, mig_offer
@@ -15,6 +17,7 @@ from gpudra.cli.options import (
     add_driver_flags,
     add_simulation_flags,
     check_simulate_profile,
+    env,
     feature_gates,
     node_name,
     nvml_session,
@@ -33,6 +36,9 @@ from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.devices import Device, NodeDevices
 from gpudra.driver.gpu_shares import NONE, ShareableError, parse_shareable
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
+
+if TYPE_CHECKING:
+    from gpudra.driver.nvml import Nvml
 
 # Beyond this many devices (a DGX with dynamic MIG publishes 208), the default table lists
 # the GPUs and existing MIG devices and sums up the MIG devices that would be made on demand.
@@ -58,7 +64,25 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--all", action="store_true",
                         help=f"every device, also on nodes with more than {BIG_NODE} (where "
                              "the table sums up the MIG devices made on demand)")
+    add_root_flags(parser)
+    parser.add_argument("--shareable-gpus", metavar="all|none|LIST",
+                        default=env("SHAREABLE_GPUS", "none"),
+                        help="GPUs that also publish a shared device, as the node daemon's "
+                             "flag: all, none, or minors/UUIDs (env SHAREABLE_GPUS; default "
+                             "none; needs the ConsumableCapacity gate)")
     parser.set_defaults(run=run)
+
+
+def add_root_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the driver is, as the node daemon's flags say it: inside the plugin pod
+    ``kubectl exec … -- gpudra inventory`` finds it through the same environment."""
+    parser.add_argument("--driver-root", type=Path, default=env("DRIVER_ROOT"),
+                        help="NVIDIA driver root as this process sees it, searched for "
+                             "libnvidia-ml.so.1 (env DRIVER_ROOT; default /)")
+    parser.add_argument("--dev-root", type=Path, default=env("DEV_ROOT"),
+                        help="where the NVIDIA device nodes (dev/) and proc/ are, as this "
+                             "process sees it; named in the diagnosis when NVML fails (env "
+                             "DEV_ROOT; default /)")
 
 
 def collect_devices(args: argparse.Namespace) -> NodeDevices:
@@ -68,7 +92,7 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
         offer = mig_offer(args)
     except CliError as exc:
         raise UsageError(str(exc)) from exc
-    with nvml_session(args) as nvml:
+    with _nvml(args) as nvml:
         resolver = simulated_pcie_root if args.simulate else sysfs_pcie_root
         inventory = read_inventory(nvml, pcie_root=resolver)
     for gpu in inventory.unavailable:  # one bad GPU leaves out that GPU, not the node
@@ -82,6 +106,30 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
         shareable = NONE
     return build_devices(inventory, ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
                                                  mig=offer, shareable=shareable))
+
+
+@contextmanager
+def _nvml(args: argparse.Namespace) -> Iterator[Nvml]:
+    """NVML as the node daemon opens it (from ``--driver-root``); when it cannot be opened,
+    the error says what is missing under the driver and device roots."""
+    with ExitStack() as stack:
+        try:
+            nvml = stack.enter_context(nvml_session(args))
+        except CliError as exc:
+            raise CliError(_diagnosed(str(exc), args)) from exc
+        yield nvml
+
+
+def _diagnosed(message: str, args: argparse.Namespace) -> str:
+    driver_root = getattr(args, "driver_root", None)
+    dev_root = getattr(args, "dev_root", None)
+    if args.simulate or (driver_root is None and dev_root is None):
+        return message
+    from gpudra.driver.driver_root import DriverRoot
+    from gpudra.driver.driver_wait import diagnose
+
+    problems = diagnose(DriverRoot(driver_root or Path("/"), dev_root=dev_root or Path("/")))
+    return f"{message}; {'; '.join(problems)}" if problems else message
 
 
 def run(args: argparse.Namespace) -> int:

@@ -77,7 +77,8 @@ def nvml_session(args: argparse.Namespace) -> Iterator[Nvml]:
         state = args.sim_state or Path(scratch)
         check_simulate_profile(args)
         try:
-            nvml = open_nvml(simulate=args.simulate, sim_state=state)
+            nvml = open_nvml(simulate=args.simulate, sim_state=state,
+                             driver_root=getattr(args, "driver_root", None))
         except NvmlUnavailable as exc:
             raise CliError(str(exc)) from exc
         try:

@@ -64,7 +64,14 @@ def emit(document: Any, fmt: str, out: TextIO | None = None) -> None:
     else:
         import yaml  # here: every command imports this module, few print YAML
 
-        yaml.safe_dump(document, out, sort_keys=False)
+        # Documents share objects (one attribute dict for many devices); PyYAML would print
+        # them as &id001 anchors and *id001 aliases, which kubectl users do not expect and
+        # some tools refuse. Every object is written out in full instead.
+        class Dumper(yaml.SafeDumper):
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        yaml.dump(document, out, Dumper=Dumper, sort_keys=False)
 
 
 def error_document(command: str | None, message: str, code: int) -> dict[str, Any]:

@@ -30,6 +30,17 @@ def diagnose(root: DriverRoot) -> list[str]:
     """What keeps the driver from being usable; empty when it is ready."""
     root.refresh()
     problems = []
+    # A root that is not there at all is one line, not one per file under it: the usual cause
+    # is a wrong --driver-root/--dev-root (or driverRoot/devRoot), not a driver still at work.
+    driver_missing = not root.scan_root.is_dir()
+    dev_missing = root.dev.local != root.scan_root and not root.dev.local.is_dir()
+    if driver_missing:
+        problems.append(f"driver root {root.scan_root} does not exist (wrong --driver-root? "
+                        "a driver container may also not have mounted it yet)")
+    if dev_missing:
+        problems.append(f"device root {root.dev.local} does not exist (wrong --dev-root?)")
+    if driver_missing or dev_missing:
+        return problems
     for name in REQUIRED_LIBRARIES:
         if root.find_library(name) is None:
             problems.append(f"{name} not found under driver root {root.scan_root} "
@@ -74,4 +85,5 @@ def wait_for_driver(
             log.warning("waiting for the NVIDIA driver", missing=problems,
                         waited_s=round(now - start, 1))
             said, said_at = problems, now
-        sleep(interval)
+        # Never sleep past the deadline: --timeout 3 with the 5 s interval gives up at 3 s.
+        sleep(interval if timeout is None else min(interval, start + timeout - now))

@@ -78,15 +78,17 @@ def simulated_pcie_root(bus_id: str) -> str:
     return f"pci{domain}:{int(bus, 16) & 0xF0:02x}"
 
 
-def nvlink_domains(
-    links: dict[str, list[tuple[str, bool]]], uuids: dict[str, str]
-) -> dict[str, str]:
+def nvlink_domains(links: dict[str, list[tuple[str, bool]]]) -> dict[str, str]:
     """NVLink domain per GPU bus id: GPUs joined by NVLink directly or through NVSwitches.
 
-    ``links`` maps a GPU bus id to ``(remote bus id, remote is a switch)`` pairs and
-    ``uuids`` maps GPU bus ids to UUIDs. A domain is named after the sorted UUIDs of its
-    GPUs, so it is stable across restarts and distinct across nodes. GPUs with no NVLink
-    peer get no domain.
+    ``links`` maps a GPU bus id to ``(remote bus id, remote is a switch)`` pairs. A domain
+    is named after what NVLink joins in it, by PCI bus id: its NVSwitches, or without
+    switches its GPUs' slots and the remote ends of their links.
+    Not after the GPUs it holds: when one goes missing (fallen off the bus, pulled out) the
+    others keep their domain, so a claim's ``matchAttribute`` on it still holds for them and
+    their slices do not all change; a GPU replaced in its slot joins the same domain. The
+    same slots on another node give the same name: a claim's devices are on one node, where
+    names are distinct. GPUs with no NVLink peer get no domain.
     """
     parent: dict[str, str] = {}
 
@@ -107,11 +109,17 @@ def nvlink_domains(
     members: dict[str, list[str]] = {}
     for gpu in links:
         members.setdefault(find(gpu), []).append(gpu)
+    joined: dict[str, set[str]] = {}
+    for node in list(parent):
+        joined.setdefault(find(node), set()).add(node)
     domains: dict[str, str] = {}
-    for gpus in members.values():
+    for root, gpus in members.items():
         if len(gpus) < 2:
             continue
-        digest = hashlib.sha256(",".join(sorted(uuids[g] for g in gpus)).encode()).hexdigest()
+        # Through NVSwitches: the switches alone (a GPU's own slot leaves with the GPU);
+        # direct links: every slot they join, the remote ends included.
+        switches = {n for n in joined[root] if n.startswith("switch:")}
+        digest = hashlib.sha256(",".join(sorted(switches or joined[root])).encode()).hexdigest()
         for gpu in gpus:
             domains[gpu] = f"nvl-{digest[:12]}"
     return domains
@@ -182,5 +190,5 @@ def _with_nvlink_domains(records: Iterable[GpuRecord]) -> tuple[GpuRecord, ...]:
     records = sorted(records, key=lambda r: r.probe.index)
     links = {r.probe.pci_bus_id: [(link.remote_bus_id, link.remote_is_switch)
                                   for link in r.nvlinks] for r in records}
-    domains = nvlink_domains(links, {r.probe.pci_bus_id: r.probe.uuid for r in records})
+    domains = nvlink_domains(links)
     return tuple(replace(r, nvlink_domain=domains.get(r.probe.pci_bus_id)) for r in records)

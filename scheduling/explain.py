@@ -21,7 +21,9 @@ from gpudra.scheduling.catalog import STANDARD_ATTRIBUTES, STANDARD_DOMAIN, sugg
 from gpudra.scheduling.cel import CelCompileError, DeviceView, compile_selector
 from gpudra.scheduling.cel.values import split_name
 from gpudra.scheduling.explain_configs import decode_problems, device_problems
+from gpudra.scheduling.explain_holders import name_holders
 from gpudra.scheduling.explain_mig_mode import mig_mode_hints
+from gpudra.scheduling.explain_shares import share_hints
 from gpudra.scheduling.explain_subjects import ExplainError, Subject
 from gpudra.scheduling.selector_why import SelectorWhy
 
@@ -107,11 +109,13 @@ def explain(subject: Subject, allocator: Allocator, nodes: Sequence[str],
         raise ExplainError("no nodes to allocate on: no ResourceSlices with devices")
     allocations = [allocator.allocate(subject.claims, node, (labels or {}).get(node))
                    for node in nodes]
+    name_holders(allocations, allocator)
     summaries = _summaries(allocations)
     hints = _hints(subject, allocator)
     fitting = [a for a in allocations if a.allocatable]
     if not fitting:  # an A100/A30 that publishes no MIG device because of its MIG mode
         hints += mig_mode_hints(subject, allocator)
+        hints += share_hints(subject, allocator)
     skipped: Counter[str] = Counter(note.reason for a in allocations for note in a.pools)
     verdict_allocation = fitting[0] if fitting else allocations[0]
     config_errors = decode_problems(subject, allocator, driver)
@@ -173,6 +177,7 @@ def _device_list(allocation: Allocation) -> str:
 
 
 _NO_SUCH_KEY = re.compile(r"no such key: (\w+)")
+_COUNTS_DEVICES = re.compile(r"\b\d+ (of \d+ )?devices?\b")
 
 
 def _verdict(subject: Subject, allocations: Sequence[Allocation],
@@ -201,7 +206,14 @@ def _verdict(subject: Subject, allocations: Sequence[Allocation],
                 reason += f" ({hint[hint.index('did you mean'):]})"
                 break
     if total > 1:
-        reason += f" (on {count} of {total} nodes)" if count < total else f" (on all {total} nodes)"
+        # The reason counts one node's devices, where the request summaries above count all
+        # nodes' together: say so, or "0 of 8 devices usable" reads as the cluster's 8.
+        if _COUNTS_DEVICES.search(reason):
+            reason += (f" (on each of {count} of the {total} nodes)" if count < total
+                       else f" (on each of the {total} nodes)")
+        else:
+            reason += (f" (on {count} of {total} nodes)" if count < total
+                       else f" (on all {total} nodes)")
     return f"NOT ALLOCATABLE: {reason}"
 
 

@@ -319,7 +319,8 @@ def test_daemon_command_and_flags():
     assert c["args"] == DEFAULT_ARGS
     assert c["image"] == f"ghcr.io/gpudra/gpudra:{APP_VERSION}"
     assert c["imagePullPolicy"] == "IfNotPresent"
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]
+           if "valueFrom" in e}
     assert env == {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid"}
 
 

@@ -103,7 +103,7 @@ def test_many_nodes_are_summarised_with_counts():
     assert explanation.verdict == (
         "NOT ALLOCATABLE: request m: needs 3, 2 of 52 devices usable (48 devices: request "
         "selector #0 is false; 2 devices: class mig.nvidia.com selector #0 is false) "
-        "(on all 50 nodes)")
+        "(on each of the 50 nodes)")
     (summary,) = explanation.requests
     assert summary.matching == 100 and summary.nodes_matching == 50
     assert summary.reasons["class mig.nvidia.com selector #0 is false"] == 100
@@ -200,7 +200,8 @@ def test_a_device_is_usable_or_not_never_both():
     lines = render_table(explanation)
     at = lines.index("    usable, but not chosen:")
     assert lines[at - 1] == "    1 device usable"
-    assert "would go below zero" in lines[at + 1]
+    # The GPU the other request takes, not the first counter of its set that ran short.
+    assert "held by GPU gpu-0, which request gpu takes" in lines[at + 1]
     assert explanation.verdict.endswith("(1 device)")
     document = to_json(explanation)["requests"][1]
     assert document["usable"] == 1 and len(document["notChosen"]) == 1
@@ -215,7 +216,9 @@ def test_counters_held_by_allocated_devices_make_a_device_not_usable():
     explanation = explain(subject, allocator, ["node-0"])
     (summary,) = explanation.requests
     assert summary.matching == 0 and not summary.conflicts
-    assert any("is held by allocated devices" in r for r in summary.reasons)
+    # Named: the allocated MIG device, not the first counter of the set that ran short.
+    assert any(r.startswith("held by allocated MIG device gpu-0-mig-1g10gb-")
+               for r in summary.reasons), summary.reasons
 
 
 # --- why a selector is false, with the values it read -----------------------------------

@@ -405,3 +405,46 @@ The keys of NVIDIA's chart in these values that gpudra ignores, one line each:
 {{- end }}
 {{- join "\n" $groups }}
 {{- end }}
+
+{{/*
+Environment for `kubectl exec` into the daemon's container: what `gpudra inventory` and
+`gpudra sim` need to see the node as the daemon does. Only settings the daemon's flags also
+carry (an unset DYNAMIC_MIG_GPUS differs from "none": it follows the DynamicMIG gate).
+*/}}
+{{- define "gpudra.execEnv" -}}
+- name: DRIVER_NAME
+  value: {{ .Values.driverName | quote }}
+{{- if .Values.simulate.profile }}
+- name: SIMULATE
+  value: {{ .Values.simulate.profile | quote }}
+- name: SIM_STATE
+  value: {{ include "gpudra.simState" . | quote }}
+{{- else }}
+- name: DRIVER_ROOT
+  value: /driver-root
+- name: DEV_ROOT
+  value: /dev-root
+{{- end }}
+{{- with include "gpudra.featureGates" . }}
+- name: FEATURE_GATES
+  value: {{ . | quote }}
+{{- end }}
+{{- if ne (toString .Values.shareableGpus) "none" }}
+- name: SHAREABLE_GPUS
+  value: {{ toString .Values.shareableGpus | quote }}
+{{- end }}
+{{- with .Values.dynamicMig }}
+{{- if ne (toString (.gpus | default "none")) "none" }}
+- name: DYNAMIC_MIG_GPUS
+  value: {{ toString .gpus | quote }}
+{{- end }}
+{{- if ne (toString (.profiles | default "all")) "all" }}
+- name: DYNAMIC_MIG_PROFILES
+  value: {{ toString .profiles | quote }}
+{{- end }}
+{{- if ne (toString (.placements | default "all")) "all" }}
+- name: DYNAMIC_MIG_PLACEMENTS
+  value: {{ toString .placements | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
