@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import structlog
 
-from gpudra.api.identifiers import IdentifierError, check_driver
+from gpudra.api.identifiers import IdentifierError, check_driver, check_namespace
 from gpudra.cli.logs import LogFormat, configure_logging, fatal_line, resolve_format
 from gpudra.cli.mig_flags import add_mig_flags, mig_offer
 from gpudra.cli.options import (
@@ -147,7 +147,37 @@ def add_parser(sub: Any) -> None:
                         default=env("IDLE_AFTER", "30m"),
                         help="a claim whose devices all stay under --idle-threshold this long "
                              "is idle (env IDLE_AFTER; default 30m)")
+    parser.add_argument("--mps-daemons", metavar="pod|container",
+                        default=env("MPS_DAEMONS", "container"),
+                        help="where MPS control daemons run: pod (one Pod per shared GPU, "
+                             "created through the API server, which outlives this daemon's "
+                             "pod: the chart's default) or container (inside this container, "
+                             "detached; they die with it) (env MPS_DAEMONS; default container)")
+    parser.add_argument("--mps-image", default=env("MPS_IMAGE"),
+                        help="image of the MPS control daemon pods, this daemon's own "
+                             "(env MPS_IMAGE; needed with --mps-daemons pod)")
+    parser.add_argument("--namespace", default=env("POD_NAMESPACE"),
+                        help="the driver's namespace, where MPS control daemon pods are "
+                             "created (env POD_NAMESPACE; needed with --mps-daemons pod)")
     parser.set_defaults(run=run)
+
+
+def _mps_daemons(args: argparse.Namespace) -> dict[str, Any]:
+    """``--mps-daemons`` with the image and namespace a pod needs, checked."""
+    mode = str(args.mps_daemons).strip()
+    if mode not in ("pod", "container"):
+        raise CliError(f"--mps-daemons (env MPS_DAEMONS): {mode!r} is not one of pod, "
+                       "container")
+    if mode == "container":
+        return {"mps_daemons": mode}
+    if not args.mps_image:
+        raise CliError("--mps-daemons pod needs --mps-image (env MPS_IMAGE): the image of "
+                       "the MPS control daemon pods")
+    try:
+        namespace = check_namespace(args.namespace, "--namespace (env POD_NAMESPACE)")
+    except IdentifierError as exc:
+        raise CliError(f"--mps-daemons pod needs the driver's namespace: {exc}") from None
+    return {"mps_daemons": mode, "mps_image": args.mps_image, "namespace": namespace}
 
 
 def _driver_name(args: argparse.Namespace) -> str:
@@ -179,7 +209,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         usage_interval=_duration(args.usage_interval, "--usage-interval (env USAGE_INTERVAL)",
                                  zero_ok=True),
         idle_threshold=_idle_threshold(args.idle_threshold),
-        idle_after=_duration(args.idle_after, "--idle-after (env IDLE_AFTER)"))
+        idle_after=_duration(args.idle_after, "--idle-after (env IDLE_AFTER)"),
+        **_mps_daemons(args))
 
 
 def _shareable(args: argparse.Namespace) -> ShareableGpus:

@@ -12,6 +12,11 @@ daemon (:mod:`gpudra.driver.mps_process`), so a restart of the node daemon does 
 away from running pods; the new instance adopts it through ``control.pid``, which is kept
 outside the pipe directory workloads can write to. Commands go through the
 :mod:`gpudra.driver.commands` seam.
+
+That is the in-container mode. With ``pods`` (:mod:`gpudra.driver.mps_pods`, the chart's
+default) each daemon runs in a Pod of its own instead, which a restart, upgrade or OOM kill
+of the plugin pod does not touch; directories, limits and clients' view are the same, and
+commands still reach the daemon through its pipe directory.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from gpudra.api.configs import MpsConfig
 from gpudra.driver import files, mps_process
 from gpudra.driver.cdi import ContainerEdits, Mount
 from gpudra.driver.commands import CommandError, CommandRunner
+from gpudra.driver.mps_pods import MpsPods
 from gpudra.driver.paths import child_path, remove_tree
 
 log = structlog.get_logger(__name__)
@@ -113,11 +119,14 @@ class MpsManager:
 
     ``tmpfs_shm`` mounts a tmpfs on each claim's ``shm/`` (a real node, as root; its size is
     the kernel's default, half the RAM, as NVIDIA's driver does); off, it stays a directory.
+    ``pods``: run each daemon in a Pod of its own (see the module docstring); ``None``: in
+    this container, detached.
     """
 
     def __init__(self, runner: CommandRunner, base_dir: Path, *, tmpfs_shm: bool = False,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, pods: MpsPods | None = None) -> None:
         self.runner = runner
+        self.pods = pods
         # Absolute: the claim directory is part of a daemon's identity (its environment),
         # which must compare equal across restarts of the node daemon.
         self.base_dir = base_dir.absolute()
@@ -136,6 +145,19 @@ class MpsManager:
         by a version that wrote none), which the same check makes safe to believe.
         """
         daemon = self.daemon_for(claim_uid)
+        if self.pods is not None:
+            return self.pods.serving_pid(claim_uid, daemon.directory)
+        return self._local_pid(daemon)
+
+    def where(self, claim_uid: str) -> str:
+        """Where the daemon runs, as logs and status name it: its pod, or this container."""
+        return "in the plugin container" if self.pods is None \
+            else f"pod {self.pods.where(claim_uid)}"
+
+    @staticmethod
+    def _local_pid(daemon: MpsDaemon) -> int | None:
+        """A daemon started in this container (also, in pod mode, one an earlier version
+        left there: quit before a pod takes over its pipe directory)."""
         for path in (daemon.pid_file, daemon.pipe_dir / NATIVE_PID_FILE):
             pid = mps_process.read_pid(path)
             if pid is not None and mps_process.is_control_daemon(pid, daemon.directory):
@@ -154,13 +176,25 @@ class MpsManager:
         for folder, mode in ((daemon.pipe_dir, 0o755), (daemon.log_dir, 0o755),
                              (daemon.shm_dir, files.PRIVATE_DIR_MODE)):
             files.make_dirs(folder, mode)
-        # Empty, not re-created: running containers bind-mount these very directories, so
-        # a restarted daemon's socket must appear in the same inode.
-        _clear(daemon.pipe_dir)
+        if self.pods is None:
+            # Empty, not re-created: running containers bind-mount these very directories,
+            # so a restarted daemon's socket must appear in the same inode.
+            _clear(daemon.pipe_dir)
         daemon.pid_file.unlink(missing_ok=True)
         if self.tmpfs_shm and not daemon.shm_dir.is_mount():
             _run(["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs",
                   str(daemon.shm_dir)])
+        if self.pods is not None:
+            try:
+                # A pod that serves already (created before a crash) is waited for, not
+                # replaced; a new one starts on an emptied pipe directory.
+                self.pods.ensure(claim_uid, daemon.directory, list(uuids),
+                                 clear=lambda: _clear(daemon.pipe_dir))
+                self.send(claim_uid, commands)
+            except (CommandError, OSError):
+                self._remove_pod(claim_uid, daemon)
+                raise
+            return daemon
         try:
             self.runner.run([CONTROL, "-d"], env=daemon.env(uuids))
             pid = self._wait_started(daemon)
@@ -205,14 +239,22 @@ class MpsManager:
         """Quit the claim's daemon if it runs and remove its directories; idempotent."""
         daemon = self.daemon_for(claim_uid)
         self._quit_running(daemon, claim_uid)
+        if self.pods is not None:
+            self._remove_pod(claim_uid, daemon)
         if daemon.shm_dir.is_mount():
             # Lazy: a container being torn down may still hold it; it goes when they do.
             _run(["umount", "--lazy", str(daemon.shm_dir)])
         remove_tree(self.base_dir, daemon.directory)
 
+    def _remove_pod(self, claim_uid: str, daemon: MpsDaemon) -> None:
+        assert self.pods is not None
+        self.pods.remove(claim_uid, lambda: self.runner.run(
+            [CONTROL], env=daemon.env(), stdin="quit\n"))
+
     def _quit_running(self, daemon: MpsDaemon, claim_uid: str) -> None:
-        """``quit`` through the control pipe, then signals, each with a deadline."""
-        pid = self.running_pid(claim_uid)
+        """``quit`` through the control pipe, then signals, each with a deadline: a daemon
+        of this container (in pod mode, one an earlier version started here)."""
+        pid = self._local_pid(daemon)
         if pid is None:
             return  # never signal a pid we cannot prove is this claim's daemon
         try:
@@ -227,10 +269,11 @@ class MpsManager:
                                "after quit, SIGTERM and SIGKILL")
 
     def claim_uids(self) -> list[str]:
-        """Claims that have a daemon directory (running or not)."""
-        if not self.base_dir.is_dir():
-            return []
-        return sorted(p.name for p in self.base_dir.iterdir() if p.is_dir())
+        """Claims that have a daemon directory (running or not), or a pod."""
+        found = set(self.pods.keys()) if self.pods is not None else set()
+        if self.base_dir.is_dir():
+            found |= {p.name for p in self.base_dir.iterdir() if p.is_dir()}
+        return sorted(found)
 
     def reconcile(self, wanted: Mapping[str, MpsClaim]) -> MpsReconcileReport:
         """After a restart: stop daemons of claims that are not prepared, adopt the live
@@ -258,7 +301,8 @@ class MpsManager:
         for uid, claim in sorted(wanted.items()):
             pid = self.running_pid(uid)
             if pid is not None:
-                log.info("re-adopted MPS control daemon", claim=claim.ref, pid=pid)
+                log.info("re-adopted MPS control daemon", claim=claim.ref, pid=pid,
+                         where=self.where(uid))
                 report.adopted[uid] = pid
                 continue
             if claim.commands is None:

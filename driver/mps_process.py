@@ -68,6 +68,12 @@ def owner_mark(claim_dir: Path) -> str:
     return f"gpudra:{claim_dir}"
 
 
+def pod_owner_mark(claim_dir: Path) -> str:
+    """:data:`OWNER_ENV` of a daemon running in a pod of its own: never equal to
+    :func:`owner_mark`, so the plugin never signals or adopts it as its own child."""
+    return f"gpudra-pod:{claim_dir}"
+
+
 def is_control_daemon(pid: int, claim_dir: Path) -> bool:
     """Whether ``pid`` is a live MPS control daemon started for ``claim_dir``.
 

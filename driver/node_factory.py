@@ -35,6 +35,7 @@ from gpudra.driver.inventory import (
 )
 from gpudra.driver.mig_offer import EVERY, MigOffer
 from gpudra.driver.mps import MpsManager
+from gpudra.driver.mps_pods import MpsPods
 from gpudra.driver.node_view import NodeView
 from gpudra.driver.nvml import Nvml
 from gpudra.driver.recovery_step import AskApi
@@ -70,6 +71,8 @@ class NodeSetup:
     boot_id: str | None = None
     """The node's boot id; ``None``: the kernel's (tests name one)."""
     lock_timeout: float = 30.0
+    mps_pods: MpsPods | None = None
+    """MPS control daemons in pods of their own; ``None``: in this process's container."""
 
 
 def build_device_state(setup: NodeSetup, nvml: Nvml,
@@ -131,7 +134,8 @@ def _hardware(setup: NodeSetup, nvml: Nvml) -> ClaimHardware:
     else:
         commands = HostCommandRunner(setup.commands_root)
     # A real node gives each MPS claim a tmpfs for its containers' /dev/shm.
-    mps = (MpsManager(commands, setup.data_dir / "mps", tmpfs_shm=not setup.simulate)
+    mps = (MpsManager(commands, setup.data_dir / "mps", tmpfs_shm=not setup.simulate,
+                      pods=setup.mps_pods)
            if gates.enabled("MPSSupport") else None)
     return ClaimHardware(nvml=nvml,
                          commands=commands if gates.enabled("TimeSlicingSettings") else None,

@@ -107,6 +107,15 @@ def main(pipe: str, logs: str) -> None:
     os.makedirs(logs, exist_ok=True)
     control = os.path.join(pipe, "control")
     pid_file = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
+    if os.path.exists(control):
+        try:
+            fd = os.open(control, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader: left by a daemon that was killed (SIGKILL)
+            os.unlink(control)
+        else:  # another daemon serves this pipe directory, as the real one refuses
+            os.close(fd)
+            sys.stderr.write("An instance of this daemon is already running\n")
+            os._exit(1)
     _write(pid_file, f"{os.getpid()}\n")
     # SIGTERM exits through the `finally` below (Python's default would skip it).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

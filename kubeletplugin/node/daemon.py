@@ -258,8 +258,13 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     # here (the claims allocated to this node, the slices it published).
     runtime.api = api = api_session(connection, config.resource_api)
     ask_api = _survivor_lists(config, api, asyncio.get_running_loop())
+    pod_api = None
+    if config.mps_daemons == "pod" and config.namespace:
+        from gpudra.kubeletplugin.cluster.mps_pod_api import SessionPodApi
+
+        pod_api = SessionPodApi(api, config.namespace, asyncio.get_running_loop())
     try:
-        state = await _in_daemon_thread(build_device_state, config, nvml, ask_api)
+        state = await _in_daemon_thread(build_device_state, config, nvml, ask_api, pod_api)
     except CheckpointError as exc:  # e.g. the previous pod still holds the lock
         raise DaemonError(f"checkpoint: {exc}") from exc
     runtime.step = "starting the API client"

@@ -82,6 +82,13 @@ class NodeConfig:
     """SM % under which a device counts as idle."""
     idle_after: float = 30 * 60.0
     """Seconds all of a claim's devices must stay under ``idle_threshold`` to make it idle."""
+    mps_daemons: str = "container"
+    """``pod``: each MPS control daemon in a Pod of its own (outlives this daemon's pod);
+    ``container``: in this container, detached."""
+    mps_image: str | None = None
+    """The MPS control daemon pods' image (``pod`` mode)."""
+    namespace: str | None = None
+    """The driver's namespace, where MPS control daemon pods live (``pod`` mode)."""
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     """How dead root tasks (the slice publisher) are restarted; not a flag."""
 

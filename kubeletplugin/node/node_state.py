@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpudra.driver.device_state import DeviceState
 from gpudra.driver.driver_root import DriverRoot
+from gpudra.driver.mps_pods import MpsPods, MpsPodSettings, PodApi
 from gpudra.driver.node_factory import NodeSetup
 from gpudra.driver.node_factory import build_device_state as build
 from gpudra.driver.nvml import Nvml
@@ -12,8 +13,15 @@ from gpudra.driver.recovery_step import AskApi
 from gpudra.kubeletplugin.node.node_config import NodeConfig
 
 
-def node_setup(config: NodeConfig) -> NodeSetup:
+def node_setup(config: NodeConfig, pod_api: PodApi | None = None) -> NodeSetup:
+    """``pod_api``: the driver namespace's pods, for MPS control daemons in pods of their own
+    (``--mps-daemons pod``)."""
     paths = config.paths
+    mps_pods = None
+    if config.mps_daemons == "pod" and pod_api is not None and config.mps_image:
+        mps_pods = MpsPods(pod_api, MpsPodSettings(
+            driver=config.driver_name, node=config.node_name, image=config.mps_image,
+            host_driver_root=None if config.simulate else paths.host_driver_root))
     return NodeSetup(
         driver=config.driver_name, pool=config.node_name, data_dir=paths.data_dir,
         cdi_root=config.cdi_root,
@@ -26,10 +34,11 @@ def node_setup(config: NodeConfig) -> NodeSetup:
         fill_roots=(paths.dev_root if config.simulate and config.dev_root is None else None,
                     paths.driver_root if config.simulate and config.driver_root is None
                     else None),
+        mps_pods=mps_pods,
     )
 
 
 def build_device_state(config: NodeConfig, nvml: Nvml, ask_api: AskApi | None = None,
-                       ) -> DeviceState:
+                       pod_api: PodApi | None = None) -> DeviceState:
     """:func:`gpudra.driver.node_factory.build_device_state` for this configuration."""
-    return build(node_setup(config), nvml, ask_api)
+    return build(node_setup(config, pod_api), nvml, ask_api)

@@ -224,7 +224,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 def _expected_kinds(values: dict[str, Any]) -> set[str]:
-    kinds = {"DaemonSet", "ClusterRole", "ClusterRoleBinding", "Service"}
+    kinds = {"DaemonSet", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service"}
     if values.get("serviceAccount", {}).get("create", True):
         kinds.add("ServiceAccount")
     if values.get("validatingAdmissionPolicy", {}).get("enabled", True):
@@ -296,6 +296,9 @@ DEFAULT_ARGS = [
     "node",
     "--node-name=$(NODE_NAME)",
     "--pod-uid=$(POD_UID)",
+    "--mps-daemons=pod",
+    f"--mps-image=ghcr.io/gpudra/gpudra:{APP_VERSION}",
+    "--namespace=$(POD_NAMESPACE)",
     "--driver-name=gpu.nvidia.com",
     "--registrar-dir=/var/lib/kubelet/plugins_registry",
     "--plugins-dir=/var/lib/kubelet/plugins",
@@ -321,7 +324,8 @@ def test_daemon_command_and_flags():
     assert c["imagePullPolicy"] == "IfNotPresent"
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]
            if "valueFrom" in e}
-    assert env == {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid"}
+    assert env == {"NODE_NAME": "spec.nodeName", "POD_UID": "metadata.uid",
+                   "POD_NAMESPACE": "metadata.namespace"}
 
 
 def test_simulation_adds_profile_and_state_under_the_plugin_dir():
