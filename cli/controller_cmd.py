@@ -52,6 +52,9 @@ def add_parser(sub: Any) -> None:
                         help="env DAEMON_IMAGE_PULL_POLICY")
     parser.add_argument("--daemon-service-account", default=env("DAEMON_SERVICE_ACCOUNT", ""),
                         help="ServiceAccount of the daemon pods (env DAEMON_SERVICE_ACCOUNT)")
+    parser.add_argument("--daemon-priority-class", default=env("DAEMON_PRIORITY_CLASS", ""),
+                        help="PriorityClass of the daemon pods, so they do not queue behind "
+                             "the workload that waits for them (env DAEMON_PRIORITY_CLASS)")
     parser.add_argument("--ready-timeout", default=env("READY_TIMEOUT", "5m"),
                         metavar="DURATION",
                         help="a node's daemon not Ready this long fails its claims "
@@ -129,11 +132,15 @@ def controller_config(args: argparse.Namespace) -> Any:
         if args.daemon_service_account:
             check_name(args.daemon_service_account,
                        "--daemon-service-account (env DAEMON_SERVICE_ACCOUNT)")
+        if args.daemon_priority_class:
+            check_name(args.daemon_priority_class,
+                       "--daemon-priority-class (env DAEMON_PRIORITY_CLASS)")
     except IdentifierError as exc:
         raise CliError(str(exc)) from None
     settings = Settings(
         namespace=namespace, daemon_image=args.daemon_image,
         daemon_service_account=args.daemon_service_account,
+        daemon_priority_class=args.daemon_priority_class,
         image_pull_policy=args.daemon_image_pull_policy,
         ready_timeout=_duration(args.ready_timeout, "--ready-timeout (env READY_TIMEOUT)"),
         crash_restarts=_count(args.crash_restarts, "--crash-restarts (env CRASH_RESTARTS)",

@@ -41,6 +41,9 @@ class Settings:
     """The driver namespace: daemon pods and their claim templates live here."""
     daemon_image: str
     daemon_service_account: str = ""
+    daemon_priority_class: str = ""
+    """The daemon pods' PriorityClass: they should not queue behind the very workload pods
+    that wait for them."""
     image_pull_policy: str = "IfNotPresent"
     daemon_command: tuple[str, ...] = ("gpudra", "compute-domain-daemon")
     ready_timeout: float = 300.0
@@ -138,6 +141,8 @@ def daemon_pod(domain: cd.ComputeDomain, node: str, settings: Settings) -> Obj:
     }
     if settings.daemon_service_account:
         spec["serviceAccountName"] = settings.daemon_service_account
+    if settings.daemon_priority_class:
+        spec["priorityClassName"] = settings.daemon_priority_class
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {

@@ -87,6 +87,7 @@ def test_the_deployment_runs_the_controller_with_flags_its_parser_accepts(monkey
     assert args.daemon_service_account == DAEMON_SA
     assert args.ready_timeout == "90s"
     assert args.daemon_image == container["image"]
+    assert args.daemon_priority_class == "system-node-critical"
     paths = {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
     for var, path in paths.items():
         assert {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} in container["env"]

@@ -131,6 +131,14 @@ def test_a_failed_pod_is_replaced_only_after_the_restart_delay():
     assert replaced.delete_pods == [failed.name]
 
 
+def test_daemon_pods_carry_the_priority_class_when_one_is_set():
+    assert "priorityClassName" not in objects.daemon_pod(domain(), "n1", SETTINGS)["spec"]
+    urgent = objects.Settings(namespace="ns", daemon_image="img",
+                              daemon_priority_class="system-node-critical")
+    assert objects.daemon_pod(domain(), "n1", urgent)["spec"]["priorityClassName"] == \
+        "system-node-critical"
+
+
 def test_nodes_of_several_domains_and_names_per_domain_and_node():
     assert objects.daemon_pod_name(UID, "n1") != objects.daemon_pod_name(OTHER, "n1")
     assert objects.daemon_pod_name(UID, "n1") != objects.daemon_pod_name(UID, "n2")
