@@ -79,7 +79,11 @@ async def test_the_node_publishes_and_prepares_on_an_older_cluster(daemon: Daemo
     async with asyncio.timeout(20):
         while published(old_api) != expected:  # noqa: ASYNC110 (another process publishes)
             await asyncio.sleep(0.02)
-    assert old_api.pruned == [] and old_api.pool_problems(DRIVER) == []
+    # Nothing of the slices was lost. (1.32 drops a claim's status.devices, an alpha field
+    # there, which the daemon writes after prepare: dropped, not refused, as in a cluster.)
+    assert [p for p in old_api.pruned if p[0] != "resourceclaims"] == []
+    assert {p[2] for p in old_api.pruned} <= {"status.devices"}
+    assert old_api.pool_problems(DRIVER) == []
     refused = [(r.verb, r.path, r.status) for r in old_api.requests if r.status >= 400]
     assert refused == []
     served = old_api.served.versions[0]
