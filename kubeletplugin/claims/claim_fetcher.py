@@ -6,6 +6,10 @@ through the Kubernetes layer's ``RawApi``: counted in ``gpudra_api_calls``, one 
 headers and body, and its typed errors turned here into one message per claim. The GETs of
 one kubelet call overlap on the event loop (:meth:`ClaimFetcher.fetch_all`). A claim that
 is there but was replaced (another uid) is :func:`~.claim_decoding.decode_claim`'s error.
+
+On a cluster that serves only ``resource.k8s.io/v1beta2`` or ``v1beta1`` (Kubernetes 1.33,
+1.32) the GET goes to that version and the claim comes back in v1's shape (``RawApi`` and
+:mod:`gpudra.kube.resource_versions` convert it), so decoding knows one shape only.
 """
 
 from __future__ import annotations
