@@ -140,6 +140,16 @@ class ContainerEdits:
             out["hooks"] = [h.to_json() for h in self.hooks]
         return out
 
+    def shared_json(self, where: str) -> SharedJson:
+        """:meth:`to_json`, validated (as ``where``) and built once for this object: the
+        edits every claim's spec shares. Read-only: each spec holding it holds the same one."""
+        cached: SharedJson | None = self.__dict__.get("_shared_json")
+        if cached is None:
+            self.validate(where)
+            cached = SharedJson(self.to_json())
+            object.__setattr__(self, "_shared_json", cached)
+        return cached
+
     def validate(self, where: str) -> None:
         for env in self.env:
             if "=" not in env[1:]:
@@ -160,6 +170,13 @@ class ContainerEdits:
                 raise CdiError(f"{where}.hooks: hookName {hook.hook_name!r} not in {HOOK_NAMES}")
             if not hook.path.startswith("/"):
                 raise CdiError(f"{where}.hooks: path {hook.path!r} is not absolute")
+
+
+class SharedJson(dict[str, Any]):
+    """A ``containerEdits`` object many specs share (the driver's files): serialised once,
+    by :func:`write_spec`, not once per claim."""
+
+    text: str | None = None
 
 
 _T = TypeVar("_T")
@@ -264,7 +281,7 @@ def build_claim_spec(
     validate_names(spec_kind(driver), names)
     if len(set(names)) != len(names):
         raise CdiError(f"claim {claim_uid}: device names repeat: {names}")
-    common.validate("containerEdits")
+    shared = common.shared_json("containerEdits")
     spec_devices = []
     for name, d in zip(names, devices, strict=True):
         if d.edits.is_empty():
@@ -274,7 +291,7 @@ def build_claim_spec(
         spec_devices.append({"name": name, "containerEdits": d.edits.to_json()})
     spec: dict[str, Any] = {"cdiVersion": "", "kind": spec_kind(driver), "devices": spec_devices}
     if not common.is_empty():
-        spec["containerEdits"] = common.to_json()
+        spec["containerEdits"] = shared  # last: write_spec splices its cached text there
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 
@@ -366,8 +383,7 @@ def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None
         path = child_path(cdi_root, name, "CDI spec name")
     except UnsafePath as err:
         raise CdiError(str(err)) from None
-    # One line: indentation would switch json to its pure-Python encoder, on the hot path.
-    content = (json.dumps(spec) + "\n").encode()
+    content = _serialise(spec)
     # Hidden and not ending in .json, so runtimes scanning the directory ignore it.
     tmp = f".{name}.tmp-{os.getpid()}"
     try:
@@ -379,6 +395,20 @@ def write_spec(cdi_root: Path, spec: Mapping[str, Any], *, claim_uid: str | None
     except OSError as err:
         raise CdiError(f"cannot write CDI spec {path}: {err.strerror or err}") from err
     return path
+
+
+def _serialise(spec: Mapping[str, Any]) -> bytes:
+    """The spec as one line of JSON (indentation would switch json to its pure-Python
+    encoder, on the hot path). Shared edits last in the spec (as build_claim_spec puts them)
+    are spliced in from the text made the first time: the driver's files are most of a
+    spec, and the same in every claim's."""
+    shared = spec.get("containerEdits")
+    if not isinstance(shared, SharedJson) or list(spec)[-1] != "containerEdits":
+        return (json.dumps(spec) + "\n").encode()
+    if shared.text is None:
+        shared.text = json.dumps(shared)
+    head = json.dumps({k: v for k, v in spec.items() if k != "containerEdits"})
+    return f'{head[:-1]}, "containerEdits": {shared.text}}}\n'.encode()
 
 
 _CREATE = os.O_WRONLY | os.O_TRUNC

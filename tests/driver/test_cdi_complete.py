@@ -9,6 +9,7 @@ root. ``python -m tests.driver.test_cdi_complete`` prints the comparison as a ma
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -300,3 +301,22 @@ def markdown(base: Path) -> str:
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as d:
         sys.stdout.write(markdown(Path(d)))
+
+
+def test_the_shared_driver_edits_are_written_as_one_json_dump_would(tmp_path):
+    """Every claim's spec holds the driver's files, validated and serialised once: the file is
+    still exactly the spec's JSON, whichever claim, and a second claim gets its own names."""
+    roots = node_roots(tmp_path, "host")
+    common = roots.common_edits(video=True)
+    written = []
+    for uid in (UID, "0c6e3f2a-8d5b-4f3c-a072-4b9e6d1f8c23"):
+        spec = build_claim_spec(driver=DRIVER, claim_uid=uid,
+                                devices=[CdiDevice(f"gpu-{GPU}", roots.gpu_edits(GPU))],
+                                common=common)
+        assert spec["containerEdits"] is common.shared_json("containerEdits")
+        path = write_spec(tmp_path / "cdi", spec)
+        assert path.read_text() == json.dumps(spec) + "\n"
+        written.append(json.loads(path.read_text()))
+    assert written[0]["containerEdits"] == written[1]["containerEdits"]
+    assert [d["name"] for s in written for d in s["devices"]] == [
+        f"{UID}-gpu-{GPU}", f"0c6e3f2a-8d5b-4f3c-a072-4b9e6d1f8c23-gpu-{GPU}"]
