@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -36,6 +36,7 @@ from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.devices import Device, NodeDevices
 from gpudra.driver.gpu_shares import NONE, ShareableError, parse_shareable
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
+from gpudra.driver.prepare_plan import NodeIndex
 
 if TYPE_CHECKING:
     from gpudra.driver.nvml import Nvml
@@ -65,6 +66,12 @@ def add_parser(sub: Any) -> None:
                         help=f"every device, also on nodes with more than {BIG_NODE} (where "
                              "the table sums up the MIG devices made on demand)")
     add_root_flags(parser)
+    parser.add_argument("--plugins-dir", type=Path,
+                        default=env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins"),
+                        help="the kubelet plugins dir of the node daemon, whose data directory "
+                             "(<dir>/<driver name>) says which hardware it holds for claims it "
+                             "cannot name: those devices show its taint (env "
+                             "KUBELET_PLUGINS_DIRECTORY_PATH)")
     parser.add_argument("--shareable-gpus", metavar="all|none|LIST",
                         default=env("SHAREABLE_GPUS", "none"),
                         help="GPUs that also publish a shared device, as the node daemon's "
@@ -104,8 +111,39 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
         raise UsageError(str(exc)) from exc
     if not gates.enabled("ConsumableCapacity"):
         shareable = NONE
-    return build_devices(inventory, ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"),
-                                                 mig=offer, shareable=shareable))
+    options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), mig=offer,
+                           shareable=shareable)
+    plugins_dir = getattr(args, "plugins_dir", None)
+    if plugins_dir is not None:
+        held = _held(Path(plugins_dir) / args.driver_name)
+        if held is not None:
+            return held(NodeIndex.build(node_name(args), inventory, options))
+    return build_devices(inventory, options)
+
+
+def _held(data_dir: Path) -> Callable[[NodeIndex], NodeDevices] | None:
+    """The node daemon's taint on devices sharing hardware it holds for claims it cannot
+    name (its ``held-unknown.json``, kept across its restarts); None when it holds none.
+    Health taints (XIDs, a lost GPU) live in the running daemon only: its ResourceSlices
+    (``kubectl get resourceslices``) show them."""
+    from gpudra.driver.health import rfc3339
+    from gpudra.driver.held import HELD_FILE, parse_held, with_held_taints
+
+    path = data_dir / HELD_FILE
+    try:
+        content = path.read_bytes()
+        since = rfc3339(path.stat().st_mtime)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        print(f"gpudra inventory: warning: {path}: {exc.strerror}", file=sys.stderr)
+        return None
+    try:
+        held = parse_held(content, str(path))
+    except ValueError as exc:
+        print(f"gpudra inventory: warning: {exc}", file=sys.stderr)
+        return None
+    return lambda index: with_held_taints(index.devices, held, index.targets, since)
 
 
 @contextmanager
@@ -184,7 +222,12 @@ def _dynamic(device: Device) -> bool:
     return device.type == "mig" and "uuid" not in device.attributes
 
 
-def _row(device: Device, wide: bool) -> list[str]:
+def _taints(device: Device) -> str:
+    return ",".join(f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
+                    for t in device.taints) or "-"
+
+
+def _row(device: Device, wide: bool, taints: bool = False) -> list[str]:
     attrs = device.attributes
     kind = device.type
     what = str(attrs.get("profile") if kind == "mig" else attrs.get("productName", ""))
@@ -199,15 +242,13 @@ def _row(device: Device, wide: bool) -> list[str]:
         str(attrs.get("nvlinkDomain", "-")),
     ]
     if wide:
-        taints = ",".join(f"{t.key}={t.value}:{t.effect}" for t in device.taints)
         row += [
             str(device.capacity.get("multiprocessors", "-")),
             str(attrs.get("architecture", "-")),
             str(attrs.get("cudaComputeCapability", "-")),
             str(attrs.get("resource.kubernetes.io/pciBusID", "-")),
         ]
-        return [*row, ident, taints or "-"]
-    return [*row, ident]
+    return [*row, ident, _taints(device)] if wide or taints else [*row, ident]
 
 
 def _summary(hidden: Sequence[Device]) -> str:
@@ -224,10 +265,12 @@ def print_table(devices: NodeDevices, wanted: Sequence[Device], out: TextIO, *,
     header = ["DEVICE", "TYPE", "PRODUCT/PROFILE", "MEMORY", "NUMA", "NVLINK"]
     if wide:
         header += ["SMS", "ARCH", "CC", "PCI BUS"]
-    header += ["UUID", "TAINTS"] if wide else ["UUID"]
     hidden = [d for d in wanted if _dynamic(d)] if summarise else []
     shown = [d for d in wanted if not (summarise and _dynamic(d))]
-    for line in table(header, [_row(d, wide) for d in shown]):
+    # The default table shows TAINTS once a device has one (-o wide always does).
+    taints = wide or any(d.taints for d in wanted)
+    header += ["UUID", "TAINTS"] if taints else ["UUID"]
+    for line in table(header, [_row(d, wide, taints) for d in shown]):
         out.write(line + "\n")
     if hidden:
         out.write(_summary(hidden) + "\n")

@@ -294,3 +294,30 @@ def test_examples_readme_lists_every_example():
     folders = {p.name for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith(".")
                and not p.name.startswith("__")}
     assert folders == listed
+
+
+def test_inventory_shows_the_daemons_held_taint(capsys, tmp_path, sim_state):
+    """What the node daemon holds for claims it cannot name (its held-unknown.json) is
+    tainted in inventory as in its slices; the TAINTS column appears once a device has one."""
+    code, out, _ = run(capsys, "inventory", "--simulate", "l4-x4", "--sim-state", str(sim_state),
+                       "--plugins-dir", str(tmp_path))
+    assert code == 0 and "TAINTS" not in out.splitlines()[0]
+    uuid = sim.SimControl(sim_state).gpu_uuid(2)
+    data = tmp_path / "gpu.nvidia.com"
+    data.mkdir()
+    (data / "held-unknown.json").write_text(json.dumps({"held": [
+        {"kind": "compute-mode", "reason": "a checkpoint that could not be read",
+         "gpu": uuid, "minor": 2}]}))
+    code, out, _ = run(capsys, "inventory", "--simulate", "l4-x4", "--sim-state", str(sim_state),
+                       "--plugins-dir", str(tmp_path), "--shareable-gpus", "2")
+    assert code == 0
+    header, *rows = [line.split() for line in out.splitlines() if line.strip()][:-1]
+    assert header[-1] == "TAINTS"
+    taints = {row[0]: row[-1] for row in rows}
+    assert taints["gpu-2"] == taints["gpu-2-shared"] == "gpu.nvidia.com/held-unknown:NoSchedule"
+    assert taints["gpu-0"] == "-"
+    code, out, _ = run(capsys, "inventory", "--simulate", "l4-x4", "--sim-state", str(sim_state),
+                       "--plugins-dir", str(tmp_path), "-o", "json")
+    tainted = {d["name"] for s in json.loads(out)["items"] for d in s["spec"].get("devices", [])
+               if d.get("taints")}
+    assert tainted == {"gpu-2"}

@@ -414,6 +414,8 @@ carry (an unset DYNAMIC_MIG_GPUS differs from "none": it follows the DynamicMIG 
 {{- define "gpudra.execEnv" -}}
 - name: DRIVER_NAME
   value: {{ .Values.driverName | quote }}
+- name: KUBELET_PLUGINS_DIRECTORY_PATH
+  value: {{ .Values.kubeletPlugin.kubeletPluginsDirectoryPath | quote }}
 {{- if .Values.simulate.profile }}
 - name: SIMULATE
   value: {{ .Values.simulate.profile | quote }}
