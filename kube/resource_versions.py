@@ -26,7 +26,6 @@ overlaps its neighbours), so only what every such server keeps is sent.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -88,11 +87,11 @@ class ResourceApi:
         """A v1-shaped body as this version takes it (a copy when it differs)."""
         if not self.converts:
             return body
-        out = copy.deepcopy(body)
+        out = dict(body)
         if out.get("apiVersion") == f"{GROUP}/{STORED}":
             out["apiVersion"] = f"{GROUP}/{self.version}"
         if self.version == "v1beta1":
-            _convert_lists(plural, out, to_v1=False)
+            out = _convert_lists(plural, out, to_v1=False)
         return out
 
     def incoming(self, plural: str, answer: Obj) -> Obj:
@@ -106,9 +105,9 @@ class ResourceApi:
                               for item in answer["items"]]}
         if answer.get("kind") == "Status":
             return answer
-        out = _v1_api_version(copy.deepcopy(answer), self.version)
+        out = _v1_api_version(answer, self.version)
         if self.version == "v1beta1":
-            _convert_lists(plural, out, to_v1=True)
+            out = _convert_lists(plural, out, to_v1=True)
         return out
 
     def event(self, plural: str, event: Obj) -> Obj:
@@ -134,22 +133,32 @@ _LISTS: Final[Mapping[str, tuple[str, ...]]] = {
 }
 
 
-def _convert_lists(plural: str, obj: Obj, *, to_v1: bool) -> None:
+def _convert_lists(plural: str, obj: Obj, *, to_v1: bool) -> Obj:
+    """``obj`` with the items of its device or request list converted. The dicts on the way
+    to the list are copied, nothing else: the input is never changed (a caller's body may
+    share its leaves with other objects), and the cost stays that of the list."""
     path = _LISTS.get(plural)
     if path is None:
-        return
-    node: Any = obj
-    for key in path[:-1]:
-        node = node.get(key) if isinstance(node, dict) else None
-    items = node.get(path[-1]) if isinstance(node, dict) else None
-    if not isinstance(items, list):
-        return
+        return obj
     fn: Callable[[Obj], Obj]
     if plural == "resourceslices":
         fn = _device_to_v1 if to_v1 else _device_from_v1
     else:
         fn = _request_to_v1 if to_v1 else _request_from_v1
-    node[path[-1]] = [fn(item) if isinstance(item, dict) else item for item in items]
+    converted: Obj = _along(obj, path, fn)
+    return converted
+
+
+def _along(node: Any, path: tuple[str, ...], fn: Callable[[Obj], Obj]) -> Any:
+    if not isinstance(node, dict) or path[0] not in node:
+        return node
+    head, rest = path[0], path[1:]
+    if rest:
+        return {**node, head: _along(node[head], rest, fn)}
+    items = node[head]
+    if not isinstance(items, list):
+        return node
+    return {**node, head: [fn(item) if isinstance(item, dict) else item for item in items]}
 
 
 def _device_to_v1(device: Obj) -> Obj:
