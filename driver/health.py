@@ -35,9 +35,10 @@ The rules, and why:
   whole GPU. It never clears by itself: only when the driver reports the GPU healthy again
   (recovery action NONE after it asked for one), or, on a driver without the field, when
   the GPU comes back after being lost (a reset or reboot makes it leave the bus and
-  return). A recovery the driver reports with no XID (e.g. after the daemon restarted)
-  taints too. The XID's own ``xid`` taint still clears after the quiet period: it says
-  what happened, ``recovery`` says what is needed.
+  return); the critical XIDs of that GPU clear with it (the reset made them history). A
+  recovery the driver reports with no XID (e.g. after the daemon restarted) taints too.
+  Until then the XID's own ``xid`` taint clears after the quiet period as any: it says what
+  happened, ``recovery`` says what is needed.
 - **GPU lost** (GPU_IS_LOST) → ``gpu.nvidia.com/gpu-lost`` ``NoSchedule`` (empty value)
   on the GPU and its MIG devices, until the GPU answers NVML again.
 - **Unmonitored** (XID events cannot be registered) → ``gpu.nvidia.com/unmonitored``
@@ -294,7 +295,8 @@ class HealthState:
                     and not old.from_driver:
                 # Seen again after leaving the bus (a reset, a reboot): all a driver without
                 # the recovery field can tell us.
-                after = replace(after, _recovery=_without(self._recovery, event.gpu_uuid))
+                after = replace(after, _recovery=_without(self._recovery, event.gpu_uuid),
+                                _critical=_other_gpus(self._critical, event.gpu_uuid))
             return after
         return replace(self, _unmonitored=_set_flag(
             self._unmonitored, event.gpu_uuid, not event.monitored, _Flag(now, event.reason)))
@@ -325,7 +327,9 @@ class HealthState:
         if event.action == gpu_recovery.NONE:
             if old is None or not old.from_driver:
                 return self
-            return replace(self, _recovery=_without(self._recovery, event.gpu_uuid))
+            # Recovered: the XIDs that led here are history, whatever their quiet period.
+            return replace(self, _recovery=_without(self._recovery, event.gpu_uuid),
+                           _critical=_other_gpus(self._critical, event.gpu_uuid))
         cause = old.cause if old is not None else "the driver's recovery action"
         return replace(self, _recovery=_with_recovery(
             self._recovery, event.gpu_uuid, _Recovery(event.action, now, cause, True)))
@@ -462,6 +466,11 @@ def _with_recovery(records: Mapping[str, _Recovery], gpu: str,
 
 def _without(records: Mapping[str, _Recovery], gpu: str) -> Mapping[str, _Recovery]:
     return {g: r for g, r in records.items() if g != gpu}
+
+
+def _other_gpus(records: Mapping[_Scope, _XidRecord], gpu: str) -> Mapping[_Scope, _XidRecord]:
+    """``records`` without those of ``gpu`` (and its MIG devices)."""
+    return {scope: r for scope, r in records.items() if scope.gpu_uuid != gpu}
 
 
 def _set_flag(flags: Mapping[str, _Flag], key: str, on: bool, flag: _Flag) -> Mapping[str, _Flag]:
