@@ -32,6 +32,7 @@ REASON_READY: Final = "DaemonReady"
 REASON_WAITING: Final = "WaitingForDaemon"
 REASON_FAILED: Final = "DaemonFailed"
 REASON_NO_DOMAIN: Final = "ComputeDomainNotFound"
+REASON_FOREIGN: Final = "ForeignNamespace"
 REASON_OK: Final = "NoFailure"
 MESSAGE_MAX: Final = 1024
 
@@ -102,6 +103,14 @@ def no_domain_conditions(use: ChannelUse) -> tuple[Condition, Condition]:
             Condition(cd.CONDITION_FAILED, True, REASON_NO_DOMAIN, message))
 
 
+def foreign_conditions(use: ChannelUse, domain: cd.ComputeDomain) -> tuple[Condition,
+                                                                          Condition]:
+    message = (f"claim {use.claim} names ComputeDomain {domain.key}, of another namespace; "
+               "a claim can only join a domain of its own namespace")
+    return (Condition(cd.CONDITION_READY, False, REASON_FOREIGN, message),
+            Condition(cd.CONDITION_FAILED, True, REASON_FOREIGN, message))
+
+
 def _node_state(node: str, pod: DaemonPod | None, entry: cd.NodeEntry | None, *, now: float,
                 seen: Observed, settings: objects.Settings) -> tuple[NodeState, float | None]:
     """The node's state, and when it changes by itself (a bound expiring), if it will."""
@@ -140,6 +149,12 @@ def plan_domain(domain: cd.ComputeDomain, uses: Iterable[ChannelUse],
         if (meta["namespace"], meta["name"]) not in have:
             out.templates.append(template)
     uses = list(uses)
+    # A claim joins only a domain of its own namespace: a domain's uid copied into another
+    # tenant's claim must not put that tenant's pod into the domain's shared memory.
+    foreign = [u for u in uses if u.claim.namespace != domain.metadata.namespace]
+    uses = [u for u in uses if u.claim.namespace == domain.metadata.namespace]
+    for use in foreign:
+        out.conditions[use] = foreign_conditions(use, domain)
     wanted = sorted({u.node for u in uses})
     by_node: dict[str, list[DaemonPod]] = {}
     for each in sorted(pods, key=lambda p: p.name):

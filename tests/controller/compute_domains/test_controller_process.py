@@ -158,3 +158,19 @@ def test_a_node_leaving_removes_its_pod_and_entry(api: FakeApiServer, tmp_path: 
         wait_for("n2's pod and entry gone", lambda: sorted(daemon_pods(api, uid)) == ["n1"]
                  and [n["name"] for n in _status(api, "shrink")["nodes"]] == ["n1"])
         assert _status(api, "shrink")["status"] == cd.STATUS_READY
+
+
+def test_a_claim_of_another_namespace_cannot_join_a_domain(api: FakeApiServer,
+                                                            tmp_path: Path) -> None:
+    with running(api, tmp_path):
+        domain = create_domain(api, "private")
+        uid = domain["metadata"]["uid"]
+        allocate_channel(api, domain, "n1")
+        # Another tenant copies the domain's uid into a claim of its own namespace.
+        stolen = {**domain, "metadata": {**domain["metadata"], "namespace": "other"}}
+        intruder = allocate_channel(api, stolen, "n2", name="steal")
+        failed = wait_for("the intruder refused", lambda: (
+            c := condition(api, intruder, cd.CONDITION_FAILED)) and c["status"] == "True"
+            and c)
+        assert failed["reason"] == "ForeignNamespace"
+        assert sorted(daemon_pods(api, uid)) == ["n1"]

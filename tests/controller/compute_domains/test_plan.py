@@ -111,6 +111,17 @@ def test_binding_conditions(entry, the_pod, ready, failed, reason):
         assert "node a" in got_failed.message and (the_pod.failure in got_failed.message)
 
 
+def test_a_claim_of_another_namespace_does_not_join_the_domain():
+    intruder = ChannelUse(ClaimKey("tenant-b", "steal", "u2"), UID, "n9",
+                          DeviceKey(cd.DRIVER_NAME, "n9", "channel-0"))
+    p = plan(domain(), [use("a"), intruder], [pod("a")])
+    assert [x["metadata"]["annotations"][objects.NODE_ANNOTATION] for x in p.create_pods] == []
+    assert "n9" not in p.nodes
+    ready, failed = p.conditions[intruder]
+    assert not ready.status and failed.status and failed.reason == "ForeignNamespace"
+    assert "tenant-b/steal" in failed.message and "team/d" in failed.message
+
+
 def test_not_ready_past_the_bound_fails_with_the_reason_and_before_it_asks_to_look_again():
     d = domain(0, {"a": "NotReady"})
     early = plan(d, [use("a")], [pod("a")], now=1050, seen=Observed({"a": 1000}))
