@@ -36,10 +36,10 @@ from gpudra.driver.device_model import ModelOptions, build_devices
 from gpudra.driver.devices import Device, NodeDevices
 from gpudra.driver.gpu_shares import NONE, ShareableError, parse_shareable
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root, sysfs_pcie_root
-from gpudra.driver.prepare_plan import NodeIndex
 
 if TYPE_CHECKING:
     from gpudra.driver.nvml import Nvml
+    from gpudra.driver.prepare_plan import NodeIndex
 
 # Beyond this many devices (a DGX with dynamic MIG publishes 208), the default table lists
 # the GPUs and existing MIG devices and sums up the MIG devices that would be made on demand.
@@ -117,6 +117,9 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
     if plugins_dir is not None:
         held = _held(Path(plugins_dir) / args.driver_name)
         if held is not None:
+            # Imported here: prepare targets (and their config models) only when needed.
+            from gpudra.driver.prepare_plan import NodeIndex
+
             return held(NodeIndex.build(node_name(args), inventory, options))
     return build_devices(inventory, options)
 

@@ -74,9 +74,10 @@ def test_remove_insert_and_replace_a_gpu(control, sim_state, capsys):
 
 def test_a_directory_without_a_simulated_node(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SIM_STATE", raising=False)
-    assert main(["sim", "xid", "--gpu", "0", "--xid", "79"]) == 1
+    # Usage errors (exit 2): the state directory is an argument, as a file is to kubectl.
+    assert main(["sim", "xid", "--gpu", "0", "--xid", "79"]) == 2
     assert "--sim-state: required" in capsys.readouterr().err
-    assert main(["sim", "xid", "--sim-state", str(tmp_path), "--gpu", "0", "--xid", "79"]) == 1
+    assert main(["sim", "xid", "--sim-state", str(tmp_path), "--gpu", "0", "--xid", "79"]) == 2
     assert "--sim-state: no simulated node in" in capsys.readouterr().err
 
 

@@ -22,6 +22,8 @@ def test_ready_driver_exits_zero(tmp_path):
 
 
 def test_missing_driver_times_out_with_the_diagnosis(tmp_path, monkeypatch, capsys):
+    (tmp_path / "driver").mkdir()  # empty roots: what is missing under them, file by file
+    (tmp_path / "dev").mkdir()
     monkeypatch.setenv("DRIVER_ROOT", str(tmp_path / "driver"))
     monkeypatch.setenv("DEV_ROOT", str(tmp_path / "dev"))
     assert main(["wait-for-driver", "--timeout=0.1", "--interval=0.05"]) == 1
