@@ -115,6 +115,7 @@ class SlicePublisher:
         # with one warning per set of features it cost (slice_features).
         self._lacks: frozenset[str] = frozenset()
         self._left_out_said: frozenset[str] = frozenset()
+        self._version_said = False
         self._published: frozenset[str] = frozenset()
         self._generation = 0  # the highest pool generation we have written
         self._resume: tuple[NodeDevices, int] | None = None  # a generation move under way
@@ -246,9 +247,13 @@ class SlicePublisher:
             return _Pause(self._backoff.at_cap(), until_update=True)
 
     async def _sync(self, devices: NodeDevices) -> _Pause | None:
-        lacks = (await self._api.resource_version()).lacks
-        if lacks != self._lacks:
-            self._lacks, self._checked = lacks, None  # what is built changes: check it again
+        version = await self._api.resource_version()
+        if version.lacks != self._lacks or not self._version_said:
+            self._lacks, self._checked = version.lacks, None  # what is built changes: check it
+            self._version_said = True
+            log.info("publishing ResourceSlices in resource.k8s.io", version=version.version,
+                     served=list(version.served) or None, node=self._node,
+                     left_out=sorted(version.lacks) or None)
         if self._owner is None:
             self._owner = await self._lookup_owner()
         if not self._valid(devices):

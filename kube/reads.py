@@ -24,7 +24,9 @@ def read_lists(access: ClusterAccess, resources: Sequence[Resource], *,
 
 async def _read(access: ClusterAccess, resources: Sequence[Resource],
                 per_call: float) -> list[list[Obj]]:
-    async with ApiSession(access.connection) as session:
+    # auto: a 1.32 or 1.33 cluster's slices and claims are read in the version it serves,
+    # and come back in v1's shape like a newer cluster's.
+    async with ApiSession(access.connection, resource_api="auto") as session:
         api = RawApi(session, timeout=per_call)
         return [await _all(api, resource) for resource in resources]
 

@@ -30,11 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import structlog
-
 from gpudra.kube.objects import Obj
-
-log = structlog.get_logger(__name__)
 
 GROUP: Final = "resource.k8s.io"
 STORED: Final = "v1"
@@ -249,16 +245,14 @@ class ResourceVersions:
         return self._chosen
 
     async def resolve(self, discover: Discover) -> ResourceApi:
-        """The version to use; asks the server the first time (``auto`` only). Raises what
-        ``discover`` raises, or UnsupportedServer."""
+        """The version to use; asks the server the first time. Raises what ``discover``
+        raises, or UnsupportedServer. Says nothing: the command-line tools share this
+        layer, and their output is theirs (the daemon's publisher logs the choice)."""
         if self._chosen is not None:
             return self._chosen
         async with self._choosing:
             if self._chosen is None:
                 group = await discover()
                 chosen = choose(self.requested or "auto", served_versions(group or {}))
-                log.info("resource API version chosen", version=chosen.version,
-                         served=list(chosen.served),
-                         left_out=sorted(chosen.lacks) or None)
                 self._chosen = chosen
             return self._chosen

@@ -93,5 +93,6 @@ async def test_the_node_publishes_and_prepares_on_an_older_cluster(daemon: Daemo
     [warning] = [e for e in daemon.events() if e.get("event") == WARNING]  # one, only
     assert warning["lacks"] == [
         "binding conditions", "consumable capacity", "device taints", "partitionable devices"]
-    chosen = [e for e in daemon.events() if e.get("event") == "resource API version chosen"]
+    chosen = [e for e in daemon.events()
+              if e.get("event") == "publishing ResourceSlices in resource.k8s.io"]
     assert [e["version"] for e in chosen] == [served]
