@@ -1,16 +1,16 @@
-"""The CDI hooks a CUDA container needs beyond bind mounts, as NVIDIA's CDI generation
-writes them: ``create-symlinks`` for the ``.so`` development links and ``update-ldcache`` so
-the image's loader finds libraries mounted into a directory its config does not list.
+"""The program CDI specs name for their hooks, and how they call it.
 
-They run on the host, by the container runtime, as ``nvidia-cdi-hook`` (or the older
-``nvidia-ctk hook``) from the NVIDIA Container Toolkit; without it on the host there are no
-hooks, and the driver says so once per discovery.
+The container runtime runs the hooks on the host: ``nvidia-cdi-hook`` (or the older
+``nvidia-ctk hook``), from the NVIDIA Container Toolkit or the copy of our own
+(:mod:`gpudra.driver.cdi_hook_cli`) the chart puts on the host. Which hooks a spec gets is
+:mod:`gpudra.driver.cdi_edits`'s business; without a hook binary there are none, and the
+driver says so once per discovery.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpudra.driver.cdi import Hook
@@ -22,11 +22,6 @@ HOOK_DIRS = ("usr/local/nvidia/toolkit", "usr/bin", "usr/local/bin", "usr/sbin",
 HOOK_BINARIES: Mapping[str, tuple[str, ...]] = {
     "nvidia-cdi-hook": ("nvidia-cdi-hook",),
     "nvidia-ctk": ("nvidia-ctk", "hook"),
-}
-# Soname → the development link NVIDIA's CDI creates next to it (``dlopen("libcuda.so")``).
-DEV_LINKS: Mapping[str, str] = {
-    "libcuda.so.1": "libcuda.so",
-    "libnvidia-opticalflow.so.1": "libnvidia-opticalflow.so",
 }
 
 
@@ -58,26 +53,8 @@ def find_hook_binary(tree: HostTree) -> HookBinary | None:
 def missing_hook_message(tree: HostTree) -> str:
     return (
         f"no nvidia-cdi-hook or nvidia-ctk under {tree.host} (searched "
-        f"{', '.join(HOOK_DIRS)}): CDI specs get no create-symlinks/update-ldcache hooks, so "
-        "an image whose loader config does not list the mounted library directory will not "
-        "find libcuda.so.1; install the NVIDIA Container Toolkit on the host or name its "
-        "nvidia-cdi-hook with --cdi-hook-path"
+        f"{', '.join(HOOK_DIRS)}): CDI specs get no hooks (no .so links, ldcache update, "
+        "CUDA forward compatibility or device node protection), so an image whose loader "
+        "config does not list the mounted library directory will not find every library; "
+        "name a hook with --cdi-hook-path (the chart copies its own unless cdiHookPath is set)"
     )
-
-
-def library_hooks(binary: HookBinary, library_paths: Sequence[str]) -> list[Hook]:
-    """Development links for the mounted sonames that have one, then the ldcache update
-    for every directory libraries were mounted into."""
-    hooks = []
-    links = [
-        f"{posixpath.basename(path)}::{posixpath.join(posixpath.dirname(path), link)}"
-        for path in library_paths
-        if (link := DEV_LINKS.get(posixpath.basename(path))) is not None
-    ]
-    if links:
-        hooks.append(binary.hook("create-symlinks", *(w for x in links for w in ("--link", x))))
-    folders = sorted({posixpath.dirname(path) for path in library_paths})
-    if folders:
-        hooks.append(binary.hook("update-ldcache",
-                                 *(w for f in folders for w in ("--folder", f))))
-    return hooks

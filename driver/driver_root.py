@@ -90,7 +90,10 @@ class DriverRoot:
     sees the same tree when it differs. ``dev_root``/``dev_container_root`` are the same pair
     for the device root; without them device nodes are looked for under the driver root.
     ``hook_path`` is the host path of ``nvidia-cdi-hook`` when it is not under the driver root.
-    Container paths are the root-relative paths.
+    ``sysfs`` is where PCI devices' DRM nodes are listed (default: the device root's ``sys/``
+    when it has one, else ``/sys``); ``machine`` the architecture whose multiarch directory
+    takes the libraries of a root that is no OS tree (default: this one's).
+    Container paths are the root-relative paths, except those libraries'.
     """
 
     def __init__(self, root: Path, *, container_root: Path | None = None,
