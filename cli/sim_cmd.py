@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> None:
         description="What NVML's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field says for a GPU: "
                     "none once it is healthy again, or unsupported (an older driver).")
     _add_target_flags(action)
-    action.add_argument("--action", required=True, metavar="A",
+    action.add_argument("--action", required=True, metavar="A", type=_action_or_unsupported,
                         help=", ".join(recovery.NAMES) + ", unsupported")
     action.set_defaults(run=run_recovery_action)
 
@@ -134,6 +134,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _action_or_unsupported(text: str) -> int | None:
+    try:
+        return recovery.parse_action(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _recovery_action(text: str) -> int:
     try:
         value = recovery.parse_action(text)
@@ -189,11 +196,10 @@ def run_xid(args: argparse.Namespace) -> int:
 def run_recovery_action(args: argparse.Namespace) -> int:
     control = _control(args)
     uuid = _gpu_uuid(control, args.gpu)
-    try:
-        control.set_recovery_action(args.gpu, recovery.parse_action(args.action))
-    except ValueError as exc:
-        raise CliError(f"--action: {exc}") from exc
-    print(f"GPU {args.gpu} ({uuid}) reports recovery action {args.action.strip().lower()}")
+    control.set_recovery_action(args.gpu, args.action)
+    names = {value: name for name, value in recovery.NAMES.items()}
+    shown = "unsupported" if args.action is None else names[args.action]
+    print(f"GPU {args.gpu} ({uuid}) reports recovery action {shown}")
     return 0
 
 

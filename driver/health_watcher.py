@@ -11,8 +11,9 @@ blind the watcher to the others) and put back once it answers again.
 
 The same probe reads NVML's GPU recovery action (where the driver offers it) and reports each
 change, at start too: a GPU the driver still wants reset after a daemon restart is reported
-without an XID. An XID carries the action read right after it, so it is classified by what
-the driver says about this fault.
+without an XID. A GPU waiting for recovery is re-read after every wait slice, so it is back
+within one slice of the driver saying so. An XID carries the action read right after it, so
+it is classified by what the driver says about this fault.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class XidWatcher:
                     if event_set is None:
                         event_set = self._open()
                     event_set = self._wait_once(event_set)
+                    self._recheck_recovering()
                     if time.monotonic() >= next_probe:
                         next_probe = time.monotonic() + self._probe_interval
                         if self._probe():
@@ -195,6 +197,14 @@ class XidWatcher:
             if not lost:
                 self._read_action(uuid)
         return changed
+
+    def _recheck_recovering(self) -> None:
+        """Re-read the action of GPUs waiting for recovery after every wait slice, not only
+        at the probe: a reset raises no XID, and the GPU should be back as soon as the
+        driver says so. One field read per such GPU; healthy GPUs wait for the probe."""
+        for uuid, action in list(self._actions.items()):
+            if action is not None and action != NONE and uuid not in self._lost:
+                self._read_action(uuid)
 
     def _read_action(self, uuid: str) -> int | None:
         """The GPU's recovery action now (None: not offered or unreadable); a change from the
