@@ -70,6 +70,7 @@ from gpudra.driver.compute_domain_imex import (
     remove_domain,
     write_config,
 )
+from gpudra.driver.faults import crash_point
 from gpudra.kube.errors import ApiCallError
 from gpudra.kube.raw_api import RESOURCE_CLAIMS, RawApi, Resource
 from gpudra.kubeletplugin.serving.interfaces import PrepareOutcome, always
@@ -169,6 +170,7 @@ class ComputeDomainPreparer:
                              "started", entries)
         try:
             self._checkpoint.put(ref.uid, started)
+            crash_point("prepare:after-started")
             edits: list[cdi.CdiDevice] = []
             if allocated.kind == "daemon":
                 where = write_config(self._paths.imex_root, allocated.domain)
@@ -187,6 +189,7 @@ class ComputeDomainPreparer:
             spec = cdi.build_claim_spec(driver=self._driver, claim_uid=ref.uid,
                                         devices=edits, common=cdi.ContainerEdits())
             cdi.write_spec(self._paths.cdi_root, spec, claim_uid=ref.uid)
+            crash_point("prepare:after-cdi-write")
             completed = ClaimEntry(ref.namespace, ref.name, allocated.kind, allocated.domain,
                                    "completed", entries)
             self._checkpoint.put(ref.uid, completed)
@@ -324,6 +327,7 @@ class ComputeDomainPreparer:
                 return  # never prepared here, or already undone: nothing to do
             try:
                 cdi.remove_spec(self._paths.cdi_root, self._driver, ref.uid)
+                crash_point("unprepare:after-cdi-remove")
                 if entry.kind == "daemon" and not any(
                         e.kind == "daemon" and e.domain == entry.domain
                         for uid, e in self._checkpoint.all().items() if uid != ref.uid):

@@ -18,17 +18,9 @@ only once its claim's ``ComputeDomainReady`` is True.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,86 +36,13 @@ from gpudra.api.compute_domain import (
 )
 from gpudra.driver.cdi import spec_path
 from gpudra.testing.fakeapi import FakeApiServer
-from gpudra.testing.kubelet_emulator import BackgroundKubelet, KubeletEmulator
-from gpudra.testing.pod_runner import PodRunner
+from tests.compute_domains.harness import SimNode, published, until
 from tests.controller.compute_domains.harness import running
-from tests.integration.daemon import ROOT, write_kubeconfig
 
 T = TypeVar("T")
 NODES = [f"gb-{i}" for i in range(4)]
 NAMESPACE = "default"
 DRIVER_NAMESPACE = "gpudra-system"
-
-
-def until(check: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@dataclass
-class SimNode:
-    """One simulated GB200 tray: its compute-domain plugin, kubelet and pod runner."""
-
-    name: str
-    address: str
-    url: str
-    network: Path
-    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp")))
-    process: subprocess.Popen[str] | None = None
-    kubelet: BackgroundKubelet | None = None
-    runner: PodRunner | None = None
-
-    @property
-    def registrar(self) -> Path:
-        return self.base / "reg"
-
-    @property
-    def imex_root(self) -> Path:
-        return self.base / "data" / "imex"
-
-    def start(self) -> None:
-        kubeconfig = write_kubeconfig(self.base / "kubeconfig", self.url)
-        self.kubelet = BackgroundKubelet(self.registrar).start()
-        with (self.base / "node.log").open("a") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpudra.cli.main", "compute-domain-node",
-                 "--node-name", self.name, "--simulate", "gb200-nvl72",
-                 "--sim-state", str(self.base / "sim"), "--kubeconfig", str(kubeconfig),
-                 "--registrar-dir", str(self.registrar), "--plugins-dir",
-                 str(self.base / "plugins"), "--data-dir", str(self.base / "data"),
-                 "--cdi-root", str(self.base / "cdi"), "--log-format", "console"],
-                env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, text=True,
-                stdout=out, stderr=subprocess.STDOUT)
-        # What the daemon pods of this node need to find this simulated node: the
-        # contract's command line stays as the controller writes it.
-        self.runner = PodRunner(self.url, self.name, env={
-            "PYTHONPATH": str(ROOT), "KUBECONFIG": str(kubeconfig), "SIMULATE": "gb200-nvl72",
-            "SIM_STATE": str(self.base / "sim"), "GPUDRA_SIM_IMEX_NETWORK": str(self.network),
-            "GPUDRA_SIM_NODE_ADDRESS": self.address, "GPUDRA_IMEX_ROOT": str(self.imex_root),
-            "LOG_FORMAT": "console"}).start()
-
-    def log(self) -> str:
-        path = self.base / "node.log"
-        return path.read_text() if path.exists() else ""
-
-    def stop(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.kubelet is not None:
-            self.kubelet.stop()
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _schedule_daemon_pods(api: FakeApiServer, cluster: dict[str, SimNode],
@@ -155,7 +74,7 @@ def _schedule_daemon_pods(api: FakeApiServer, cluster: dict[str, SimNode],
                     "key": "metadata.name", "operator": "In", "values": [node]}]}]}}}})
         claim_ref = ClaimRef(DRIVER_NAMESPACE, claim["metadata"]["name"],
                              claim["metadata"]["uid"])
-        answer = asyncio.run(_prepare(cluster[node], claim_ref))
+        answer = cluster[node].prepare(claim_ref)
         assert answer["error"] == "", answer
         api.modify("Pod", meta["name"], {
             "spec": {"nodeName": node},
@@ -163,14 +82,6 @@ def _schedule_daemon_pods(api: FakeApiServer, cluster: dict[str, SimNode],
                 {"name": ref["name"], "resourceClaimName": claim["metadata"]["name"]}]}},
             DRIVER_NAMESPACE)
         done.add(meta["name"])
-
-
-async def _prepare(node: SimNode, ref: ClaimRef) -> dict[str, Any]:
-    kubelet = await KubeletEmulator.discover(node.registrar)
-    try:
-        return dict((await kubelet.prepare([ref], driver=DRIVER_NAME))[ref.uid])
-    finally:
-        await kubelet.close()
 
 
 def _condition(api: FakeApiServer, claim: str, kind: str) -> str | None:
@@ -190,13 +101,19 @@ def _entries(api: FakeApiServer) -> dict[str, str]:
 @pytest.fixture
 def cluster(fake_api: FakeApiServer, tmp_path: Path) -> Iterator[list[SimNode]]:
     network = tmp_path / "imex-net"
-    nodes = [SimNode(name, f"10.0.0.{i + 1}", fake_api.url, network)
+    nodes = [SimNode(name, f"10.0.0.{i + 1}", fake_api.url, network, gpu_daemon=True)
              for i, name in enumerate(NODES)]
     for node in nodes:
         fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
     try:
         for node in nodes:
             node.start()
+        # The controller starts once the nodes are up: on two shared cores, eight daemons
+        # and a controller starting at once load the API stand-in past its clients' 10 s
+        # deadlines (seen as the controller's first list timing out).
+        for node in nodes:
+            until(lambda node=node: "channel-0" in published(fake_api, node.name),
+                  lambda node=node: f"{node.name}'s channels published\n{node.log()}")
         with running(fake_api, tmp_path, extra=("--leader-elect", "false")):
             yield nodes
     finally:
@@ -214,8 +131,12 @@ def _published_channel(api: FakeApiServer, node: str) -> dict[str, Any] | None:
 
 
 def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
-        fake_api: FakeApiServer, cluster: list[SimNode]) -> None:
-    # Each tray publishes its channels in its clique, with the binding conditions.
+        fake_api: FakeApiServer, cluster: list[SimNode], tmp_path: Path) -> None:
+    # Each tray publishes its GPUs (gpudra node) and, beside them, its channels in its
+    # clique with the binding conditions (gpudra compute-domain-node), to one kubelet.
+    for node in cluster:
+        until(lambda node=node: len(published(fake_api, node.name, "gpu.nvidia.com")) >= 4,
+              f"{node.name}'s GPUs published")
     channels = {n.name: until(lambda n=n: _published_channel(fake_api, n.name),
                               f"{n.name}'s channels published\n{n.log()}") for n in cluster}
     for device in channels.values():
@@ -256,7 +177,7 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
         refs[node] = ClaimRef(NAMESPACE, stored["metadata"]["name"], stored["metadata"]["uid"])
 
     # Before its daemon is Ready a channel prepare is refused, naming claim and domain.
-    early = asyncio.run(_prepare(cluster[0], refs[NODES[0]]))
+    early = cluster[0].prepare(refs[NODES[0]])
     assert early["error"].startswith(f"claim {NAMESPACE}/worker-{NODES[0]}")
     assert "ComputeDomain" in early["error"] and uid in early["error"]
 
@@ -268,7 +189,9 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
         _schedule_daemon_pods(fake_api, by_name, scheduled)
         return len(scheduled) == len(NODES)
 
-    until(daemons_scheduled, "the controller's daemon pods")
+    until(daemons_scheduled, lambda: f"the controller's daemon pods: {scheduled} of "
+          f"{[p['metadata']['name'] for p in fake_api.list('Pod', DRIVER_NAMESPACE)]}\n"
+          + (tmp_path / "controller-a.log").read_text()[-3000:])
     until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "Ready"),
           f"every node Ready: {_entries(fake_api)}\n" + "\n".join(
               (n.runner.log(DRIVER_NAMESPACE, f"imex-{n.name}") if n.runner else "")
@@ -288,7 +211,7 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
         until(lambda node=node: _condition(fake_api, refs[node].name, CONDITION_READY)
               == "True", f"ComputeDomainReady on {node}'s claim")
     for node, sim_node in zip(NODES, cluster, strict=True):
-        answer = asyncio.run(_prepare(sim_node, refs[node]))
+        answer = sim_node.prepare(refs[node])
         assert answer["error"] == "", answer
         (device,) = answer["devices"]
         assert device["device_name"] == "channel-0"
@@ -327,8 +250,7 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
                          "device": "channel-1"}],
             "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {
                 "driver": DRIVER_NAME, "parameters": channel_config(uid)}}]}}}})
-    refused = asyncio.run(_prepare(cluster[0], ClaimRef(NAMESPACE, "late",
-                                                        late["metadata"]["uid"])))
+    refused = cluster[0].prepare(ClaimRef(NAMESPACE, "late", late["metadata"]["uid"]))
     assert "is 'NotReady', not Ready" in refused["error"] and "default/late" in refused["error"]
 
     # It recovers once the daemon stays up.
@@ -337,14 +259,7 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
           f"every node Ready again: {_entries(fake_api)}")
 
     # Leaving: the workload's claim is unprepared, the daemon pod deleted; its entry goes.
-    async def unprepare(node: SimNode, ref: ClaimRef) -> dict[str, Any]:
-        kubelet = await KubeletEmulator.discover(node.registrar)
-        try:
-            return (await kubelet.unprepare([ref], driver=DRIVER_NAME))[ref.uid]
-        finally:
-            await kubelet.close()
-
-    assert asyncio.run(unprepare(crashed, refs[crashed.name]))["error"] == ""
+    assert crashed.unprepare(refs[crashed.name])["error"] == ""
     assert not spec_path(crashed.base / "cdi", DRIVER_NAME, refs[crashed.name].uid).exists()
     fake_api.delete("Pod", f"worker-{crashed.name}", NAMESPACE)
     fake_api.delete("ResourceClaim", refs[crashed.name].name, NAMESPACE)
