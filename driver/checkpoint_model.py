@@ -60,6 +60,26 @@ class MigRecord(_Stored):
     created: bool = False
 
 
+class VfioFunction(_Stored):
+    """One PCI function a VFIO claim moves to ``vfio-pci``, and the driver to give it back."""
+
+    bus_id: str
+    """Sysfs form: ``0000:18:00.0``."""
+    previous_driver: str | None
+    gpu_uuid: str | None = None
+    """For an NVIDIA GPU: NVML must see it again after the rebind."""
+
+
+class VfioRecord(_Stored):
+    """A GPU passed through by ``vfio-pci``: its IOMMU group's functions, the GPU first.
+
+    Written before the first driver change, so undo (now or after a crash) knows every
+    function that may have moved (see ``gpudra.driver.vfio``)."""
+
+    iommu_group: int
+    functions: list[VfioFunction]
+
+
 class DeviceRecord(_Stored):
     """One device of a prepared claim: the kubelet's answer plus what identifies it."""
 
@@ -73,6 +93,15 @@ class DeviceRecord(_Stored):
     parent_uuid: str | None = None
     mig: MigRecord | None = None
     admin_access: bool = False
+    vfio: VfioRecord | None = None
+    """A VFIO passthrough device (kind ``gpu``: it holds the whole GPU)."""
+
+    @model_serializer(mode="wrap")
+    def _without_vfio_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if dumped.get("vfio", ()) is None:
+            del dumped["vfio"]  # records without it are written as before the field
+        return dumped
 
     def prepared(self) -> PreparedDevice:
         """The kubelet's answer for this device."""

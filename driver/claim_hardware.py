@@ -53,8 +53,10 @@ from gpudra.driver.prepare_plan import (
     PreparePlan,
     ShareTarget,
     StaticMigTarget,
+    VfioTarget,
 )
 from gpudra.driver.shares import ShareEntry
+from gpudra.driver.vfio import VfioPassthrough, VfioRequest
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +84,7 @@ def touches_hardware(plan: PreparePlan, cp: Checkpoint) -> bool:
             if not before or shares.mps_commands(share.gpu, [*before, share]) != \
                     shares.mps_commands(share.gpu, before):
                 return True
-        elif isinstance(step.target, DynamicMigTarget | ShareTarget) or (
+        elif isinstance(step.target, DynamicMigTarget | ShareTarget | VfioTarget) or (
                 step.config is not None and not step.allocated.admin_access):
             return True
     return False
@@ -147,11 +149,14 @@ class ClaimHardware:
         commands: CommandRunner | None,
         mps: MpsManager | None,
         compute_modes: bool,
+        vfio: VfioPassthrough | None = None,
     ) -> None:
         self.nvml = nvml
         self.commands = commands
         self.mps = mps
         self.compute_modes = compute_modes
+        self.vfio = vfio
+        """Passthrough (``gpudra.driver.vfio``); ``None``: the node has no sysfs for it."""
 
     # --- prepare ---------------------------------------------------------------------------
 
@@ -248,6 +253,7 @@ class ClaimHardware:
         an exception undoes exactly that.
         """
         record = progress[-1]
+        record = self._pass_through(plan, progress, persist, cp)
         devices = list(record.devices)
         restore = record.restore
         # MIG intents stay `created` with ids -1 until the device exists: undo (now or after
@@ -325,6 +331,40 @@ class ClaimHardware:
         if devices == record.devices and restore == record.restore:
             return record  # nothing done (a plain full GPU): the same record, not a copy
         return record.model_copy(update={"devices": devices, "restore": restore})
+
+    def _pass_through(
+        self, plan: PreparePlan, progress: list[ClaimRecord],
+        persist: Callable[[ClaimRecord], None], cp: Checkpoint | None,
+    ) -> ClaimRecord:
+        """Bind the claim's vfio GPUs to ``vfio-pci``, each recorded (functions and their
+        drivers) and persisted before its first driver change; refuse GPUs another claim
+        passed through with its IOMMU group."""
+        record = progress[-1]
+        vfio = self.vfio
+        if vfio is None:
+            if any(isinstance(s.target, VfioTarget) for s in plan.steps):
+                raise ClaimError(f"claim {plan.claim.ref}: VFIO passthrough is not available "
+                                 "on this node (no PCI sysfs)")
+            return record
+        vfio.check_free(plan.claim, {s.parent_uuid for s in plan.steps
+                                     if not s.allocated.admin_access}, cp)
+        for i, step in enumerate(plan.steps):
+            target = step.target
+            if not isinstance(target, VfioTarget):
+                continue
+            if step.allocated.admin_access:
+                raise ClaimError(f"claim {plan.claim.ref}: device {step.allocated.device!r}: "
+                                 "adminAccess cannot observe a GPU passed through to a VM")
+            planned = vfio.plan(plan.claim, VfioRequest(step.allocated.device, target.uuid,
+                                                        target.bus_id),
+                                cp, step.config is not None)
+            devices = list(record.devices)
+            devices[i] = devices[i].model_copy(update={"vfio": planned})
+            record = record.model_copy(update={"devices": devices})
+            progress.append(record)
+            persist(record)
+            vfio.bind(plan.claim, planned)
+        return record
 
     def _apply_share(
         self, claim: ClaimToPrepare, share: ShareEntry, joined: list[ShareEntry],
@@ -451,6 +491,8 @@ class ClaimHardware:
         are skipped and it is returned (UUID → why), so the caller can say so; everything
         else is undone as usual.
         """
+        if self.vfio is not None:
+            self.vfio.release(record)  # first: the GPU must be back for anything below
         gone = self._gone_gpus(record)
         parent_of = {str(d.uuid): str(d.parent_uuid or d.uuid) for d in record.devices if d.uuid}
         for uuid, mode in record.restore.compute_mode.items():

@@ -87,6 +87,15 @@ def resolve_configs(
     chosen: dict[str, DeviceConfig | None] = {}
     for device in claim.devices:
         kind = device_types.get(device.device, "")
+        if kind == "vfio":  # the VM configures its GPU: no config applies
+            chosen[device.device] = None
+            for config, value in decoded:
+                if config.requests and _applies(config, device.request):
+                    raise ClaimError(
+                        f"claim {claim.ref}: config[{config.position}] is a {value.kind} but "
+                        f"request {device.request!r} got vfio device {device.device!r}, which "
+                        "takes no config")
+            continue
         # A share is a full GPU's share: it takes a GpuConfig (its MPS / time-slicing).
         wanted = GpuConfig if kind in ("gpu", "gpu-share") else MigDeviceConfig
         chosen[device.device] = None

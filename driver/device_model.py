@@ -38,6 +38,9 @@ from gpudra.driver.mig import (
     placement_order,
 )
 from gpudra.driver.mig_offer import EVERY, MigOffer, disjoint_order, disjoint_set, profile_order
+from gpudra.driver.vfio_model import ATTRIBUTES as VFIO_ATTRIBUTES
+from gpudra.driver.vfio_model import CAPACITIES as VFIO_CAPACITIES
+from gpudra.driver.vfio_model import VFIO, VfioOffer, with_vfio_devices
 
 if TYPE_CHECKING:  # annotations only: `gpudra validate` reads the schema without NVML
     from gpudra.driver.inventory import GpuRecord, NodeInventory
@@ -65,6 +68,7 @@ PUBLISHED_ATTRIBUTES: Final[Mapping[str, Mapping[str, type[AttributeValue]]]] = 
     GPU: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
     MIG: {**_COMMON_ATTRIBUTES, "parentUUID": str, "profile": str},
     SHARED: {**_COMMON_ATTRIBUTES, "nvlinkDomain": str},
+    VFIO: VFIO_ATTRIBUTES,
 }
 """Per device type: every attribute a device may carry (some only on some nodes), with the
 Python type of its value. A qualified name is in another domain; bare ones are the driver's."""
@@ -73,6 +77,7 @@ PUBLISHED_CAPACITIES: Final[Mapping[str, tuple[str, ...]]] = {
     GPU: GPU_CAPACITIES,
     MIG: CAPACITY_NAMES,
     SHARED: SHARED_CAPACITIES,
+    VFIO: VFIO_CAPACITIES,
 }
 """Per device type: the capacities every device of it publishes."""
 MEMORY_SLICE_CAPACITY: Final = "memorySlice"
@@ -104,6 +109,9 @@ class ModelOptions:
     shareable: ShareableGpus = NONE
     """GPUs that also publish a shared device (``--shareable-gpus``, gate ConsumableCapacity);
     see ``gpudra.driver.gpu_shares``."""
+    vfio: VfioOffer | None = None
+    """Full GPUs also published as ``vfio`` devices (gate PassthroughSupport); see
+    ``gpudra.driver.vfio_model``."""
 
 
 def semver(text: str) -> Version:
@@ -309,4 +317,5 @@ def build_devices(inv: NodeInventory, options: ModelOptions | None = None) -> No
             devices.extend(gpu_devices)
         else:
             devices.append(_full_gpu(inv, gpu, None))
-    return NodeDevices(tuple(devices), tuple(counter_sets), tuple(groups))
+    built = NodeDevices(tuple(devices), tuple(counter_sets), tuple(groups))
+    return built if options.vfio is None else with_vfio_devices(built, inv, options.vfio)

@@ -26,7 +26,7 @@ import datetime
 import functools
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,9 +67,11 @@ from gpudra.driver.prepare_plan import (
     PreparePlan,
     ShareTarget,
     StaticMigTarget,
+    VfioTarget,
     plan_claim,
 )
 from gpudra.driver.reconcile import ReconcileReport, clean_up_gpu, reconcile
+from gpudra.driver.vfio import common_edits as vfio_common_edits
 
 log = structlog.get_logger(__name__)
 
@@ -122,6 +124,9 @@ class DeviceState:
         """Hardware held for claims the node cannot name: never destroyed, never prepared."""
         self._lock_timeout = lock_timeout
         self._refreshing = threading.Lock()
+        self.gpus_returned: Callable[[], None] | None = None
+        """Called (from the unprepare's thread) when a VFIO unprepare gave GPUs back to
+        ``nvidia``: the daemon refreshes and republishes (GPUs a VM held at start-up)."""
 
     # --- the devices -----------------------------------------------------------------------
 
@@ -373,8 +378,12 @@ class DeviceState:
             published = view.by_name
             video = uses_video(published[s.allocated.device] for s in plan.steps
                                if s.allocated.device in published)
+            # A VM's claim gets no driver files: its guest brings its own driver.
+            common = (vfio_common_edits() if all(isinstance(s.target, VfioTarget)
+                                                 for s in plan.steps)
+                      else self.driver_root.common_edits(video=video))
             spec = cdi.build_claim_spec(driver=self.driver, claim_uid=claim.uid, devices=specs,
-                                        common=self.driver_root.common_edits(video=video))
+                                        common=common)
             cdi.write_spec(self.cdi_root, spec, claim_uid=claim.uid, durable=False)
             crash_point("prepare:after-cdi-write")
             if hardware:  # else the caller syncs once for the whole call
@@ -401,7 +410,10 @@ class DeviceState:
 
     def _cdi_device(self, uid: str, step: DeviceStep, device: DeviceRecord) -> cdi.CdiDevice:
         target = step.target
-        if isinstance(target, GpuTarget):
+        if isinstance(target, VfioTarget):
+            assert device.vfio is not None and self.hardware.vfio is not None  # bound by now
+            edits = self.hardware.vfio.container_edits(device.vfio, self.driver_root.device_node)
+        elif isinstance(target, GpuTarget):
             edits = self.driver_root.gpu_edits(target.minor)
         elif isinstance(target, StaticMigTarget):
             edits = self.driver_root.mig_edits(target.parent_minor, target.gpu_instance_id,
@@ -443,6 +455,10 @@ class DeviceState:
         except OSError as exc:  # as in prepare_many
             results.update({uid: ClaimError(f"claim {record.ref}: {_unwritable(exc)}")
                             for uid, record in records.items()})
+        if self.gpus_returned is not None and any(
+                results.get(uid) is None and any(d.vfio for d in record.devices)
+                for uid, record in records.items()):
+            self.gpus_returned()
         return results
 
     def _unprepare_held(

@@ -63,7 +63,7 @@ class RequestPolicy:
     maximum: int
 
 
-DeviceType = Literal["gpu", "mig", "gpu-share"]
+DeviceType = Literal["gpu", "mig", "gpu-share", "vfio"]
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,15 @@ POINTS = (
     "prepare:after-mig-create",
     "prepare:after-mig-recorded",
     "prepare:after-settings",
+    "prepare:after-vfio-unbind",
+    "prepare:after-vfio-bind",
     "prepare:after-cdi-write",
     "prepare:after-cdi-sync",
     "unprepare:after-settings-restored",
     "unprepare:after-mig-destroy",
     "unprepare:after-cdi-remove",
+    "unprepare:after-vfio-unbind",
+    "unprepare:after-vfio-rebind",
 )
 
 

@@ -19,11 +19,12 @@ DEFAULTS: Mapping[str, bool] = {
     "ComputeModeSettings": True,
     "DeviceHealthCheck": True,
     "ConsumableCapacity": True,
+    "PassthroughSupport": False,
 }
 
 ALIASES: Final[Mapping[str, str]] = {"NVMLDeviceHealthCheck": "DeviceHealthCheck"}
-"""NVIDIA's name → gpudra's, for the same feature (``TimeSlicingSettings``, ``MPSSupport``
-and ``DynamicMIG`` are the same name in both)."""
+"""NVIDIA's name → gpudra's, for the same feature (``TimeSlicingSettings``, ``MPSSupport``,
+``DynamicMIG`` and ``PassthroughSupport`` are the same name in both)."""
 IGNORED: Final[Mapping[str, str]] = {
     "IMEXDaemonsWithDNSNames": "NVIDIA's ComputeDomain (IMEX) components",
     "ComputeDomainCliques": "NVIDIA's ComputeDomain (IMEX) components",
@@ -39,7 +40,6 @@ IGNORED: Final[Mapping[str, str]] = {
 }
 """NVIDIA gates for parts gpudra does not have: accepted with either value, and ignored."""
 OFF_ONLY: Final[Mapping[str, str]] = {
-    "PassthroughSupport": "VFIO passthrough of whole GPUs",
     "DeviceMetadata": "device metadata in prepare results",
     "FabricManagerPartitioning": "Fabric Manager (NVSwitch) partitions",
 }

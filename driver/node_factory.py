@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from gpudra.driver import recovery_step
+from gpudra.driver import recovery_step, vfio_setup
 from gpudra.driver.checkpoint_model import ClaimRecord
 from gpudra.driver.checkpoint_store import CheckpointStore
 from gpudra.driver.claim_hardware import ClaimHardware
@@ -40,6 +40,7 @@ from gpudra.driver.node_view import NodeView
 from gpudra.driver.nvml import Nvml
 from gpudra.driver.recovery_step import AskApi
 from gpudra.driver.shares import shared_gpus
+from gpudra.driver.vfio import VfioPassthrough
 
 log = structlog.get_logger("gpudra.node")
 
@@ -96,9 +97,12 @@ def build_device_state(setup: NodeSetup, nvml: Nvml,
         dynamic_mig=gates.enabled("DynamicMIG"),
         mps_dir=setup.data_dir / "mps" if gates.enabled("MPSSupport") else None,
     ), nvml=nvml, inventory=inventory, ask_api=ask_api)
+    known_gpus: list[NodeInventory] = [inventory]  # the view's, once built: see below
+    passthrough = vfio_setup.passthrough(setup, nvml, lambda: vfio_setup.bus_ids(known_gpus[-1]))
     options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), mig=setup.mig,
-                           shareable=_shareable(setup, store, inventory))
-    hardware = _hardware(setup, nvml)
+                           shareable=_shareable(setup, store, inventory),
+                           vfio=vfio_setup.offer(setup, passthrough, inventory))
+    hardware = _hardware(setup, nvml, passthrough)
     gpu_locks = GpuLocks(setup.data_dir / "gpu-locks")
     report = reconcile_node(store, hardware, gpu_locks,
                             NodeView.build(setup.pool, inventory, options).gpus,
@@ -109,18 +113,20 @@ def build_device_state(setup: NodeSetup, nvml: Nvml,
              removed_cdi_specs=report.removed_cdi_specs, reset=report.checkpoint_reset)
     # Re-read: reconciliation may have destroyed leaked MIG devices; our own stay dynamic.
     # Held MIG devices count as ours too: their GPU stays dynamic, the held slices tainted.
-    inventory = read_inventory(nvml, pcie_root=resolver)
     cp = store.load()
+    inventory = vfio_setup.with_passed_through(read_inventory(nvml, pcie_root=resolver), cp)
     view = NodeView.build(setup.pool, inventory, replace(
         options, owned_mig_uuids=owned_mig_uuids(cp) | held_mig_uuids(held)))
     _warn_unavailable(inventory, report.unavailable_gpus, cp.claims)
+    known_gpus.append(inventory)
     return DeviceState(driver=setup.driver, view=view, store=store, hardware=hardware,
                        gpu_locks=gpu_locks, cdi_root=setup.cdi_root,
                        driver_root=setup.driver_root, pcie_root=resolver, held=held,
                        lock_timeout=setup.lock_timeout)
 
 
-def _hardware(setup: NodeSetup, nvml: Nvml) -> ClaimHardware:
+def _hardware(setup: NodeSetup, nvml: Nvml,
+              passthrough: VfioPassthrough | None = None) -> ClaimHardware:
     """NVML and the host commands, with the features the gates leave off refused."""
     gates = setup.gates
     commands: CommandRunner
@@ -139,7 +145,8 @@ def _hardware(setup: NodeSetup, nvml: Nvml) -> ClaimHardware:
            if gates.enabled("MPSSupport") else None)
     return ClaimHardware(nvml=nvml,
                          commands=commands if gates.enabled("TimeSlicingSettings") else None,
-                         mps=mps, compute_modes=gates.enabled("ComputeModeSettings"))
+                         mps=mps, compute_modes=gates.enabled("ComputeModeSettings"),
+                         vfio=passthrough)
 
 
 def _fill_simulated_roots(setup: NodeSetup, inventory: NodeInventory) -> None:

@@ -45,7 +45,7 @@ class NodeView:
         those that do not answer yet."""
         uuids = set()
         for device in self.index.devices.devices:
-            key = "uuid" if device.type in ("gpu", "gpu-share") else "parentUUID"
+            key = "uuid" if device.type in ("gpu", "gpu-share", "vfio") else "parentUUID"
             uuids.add(str(device.attributes[key]))
         uuids.update(g.uuid for g in self.inventory.unavailable if g.uuid is not None)
         return sorted(uuids)

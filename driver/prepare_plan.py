@@ -25,6 +25,9 @@ from gpudra.driver.gpu_shares import SHARED_TYPE, shared_device_minor
 from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.mig import MigProfile, Placement, parse_device_name
 from gpudra.driver.shares import ShareEntry, limits_for
+from gpudra.driver.vfio_model import VFIO
+from gpudra.driver.vfio_model import device_minor as vfio_device_minor
+from gpudra.driver.vfio_sysfs import sysfs_bus_id
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,15 @@ class ShareTarget(GpuTarget):
     policies: tuple[tuple[str, RequestPolicy], ...] = ()
     tainted: str | None = None
     """A ``NoExecute`` taint on the device (an unhealthy GPU), as ``key=value``."""
+
+
+@dataclass(frozen=True)
+class VfioTarget(GpuTarget):
+    """A full GPU taken by ``vfio-pci`` for a VM (its ``gpu-vfio-<minor>`` device); a full
+    GPU in every other respect (conflicts, locks). See ``gpudra.driver.vfio``."""
+
+    bus_id: str = ""
+    """Sysfs form."""
 
 
 Target = GpuTarget | StaticMigTarget | DynamicMigTarget
@@ -111,6 +123,11 @@ class NodeIndex:
                 if share is not None:
                     targets[device.name] = share
                 continue
+            if device.type == VFIO:
+                vfio = _vfio_target(device, gpus)
+                if vfio is not None:
+                    targets[device.name] = vfio
+                continue
             target = _target(device.name, device.type, device.attributes.get("uuid"), gpus)
             if target is not None:
                 targets[device.name] = target
@@ -126,6 +143,14 @@ def _share_target(device: Device, gpus: Mapping[int, GpuRecord]) -> ShareTarget 
                        capacity=tuple(sorted(device.capacity.items())),
                        policies=tuple(sorted(device.request_policies.items())),
                        tainted=None if taint is None else f"{taint.key}={taint.value}")
+
+
+def _vfio_target(device: Device, gpus: Mapping[int, GpuRecord]) -> VfioTarget | None:
+    minor = vfio_device_minor(device.name)
+    if minor is None or minor not in gpus:
+        return None
+    probe = gpus[minor].probe
+    return VfioTarget(probe.uuid, minor, bus_id=sysfs_bus_id(probe.pci_bus_id))
 
 
 def _target(
@@ -176,6 +201,10 @@ def plan_claim(claim: ClaimToPrepare, node: NodeIndex) -> PreparePlan:
                              "with MIG mode off also needs --allow-mig-mode-change, since "
                              "switching it needs a GPU reset), or its GPU "
                              "was removed or repartitioned")
+        if device.device not in node.targets and vfio_device_minor(device.device) is not None:
+            raise ClaimError(f"claim {claim.ref}: device {device.device!r} is a vfio device this "
+                             "node does not offer (feature gate PassthroughSupport; no IOMMU, "
+                             "or the GPU is static MIG, disjoint MIG or was removed)")
         if device.device not in node.targets:
             raise ClaimError(f"claim {claim.ref}: device {device.device!r} is not in this node's "
                              "inventory (was the GPU removed or repartitioned?)")

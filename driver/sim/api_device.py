@@ -70,7 +70,7 @@ class DeviceApi(LibraryCore):
     def nvmlDeviceGetIndex(self, device: object, index: object) -> None:
         """The enumeration index, which skips pulled boards (the minor number does not)."""
         slot, gpu = self.full_gpu(device, live=False)
-        if not gpu.present:
+        if not gpu.enumerated:
             raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
         put(index, self.present(self.state()).index(slot.index))
 

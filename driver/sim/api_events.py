@@ -116,7 +116,7 @@ class EventApi(LibraryCore):
                                          if event.compute_instance_id is None
                                          else event.compute_instance_id)
                 return
-            if any(state.gpus[i].lost or not state.gpus[i].present
+            if any(state.gpus[i].lost or not state.gpus[i].enumerated
                    for i in evset.registrations):
                 raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
             remaining = deadline - time.monotonic()

@@ -118,7 +118,7 @@ class LibraryCore:
 
     def present(self, state: NodeState) -> list[int]:
         """Slot indexes of the GPUs NVML enumerates, in order (a pulled board is skipped)."""
-        return [i for i, gpu in enumerate(state.gpus) if gpu.present]
+        return [i for i, gpu in enumerate(state.gpus) if gpu.enumerated]
 
     def gpu_handle(self, index: int) -> int:
         # The board is part of the handle: a handle to a board that was replaced is stale.
@@ -152,8 +152,9 @@ class LibraryCore:
         return key
 
     def _live(self, gpu: GpuState, live: bool) -> None:
-        # A pulled board answers like one fallen off the bus to a process holding its handle.
-        if live and (gpu.lost or not gpu.present):
+        # A pulled board answers like one fallen off the bus to a process holding its handle;
+        # so does one the nvidia driver let go of (bound to vfio-pci).
+        if live and (gpu.lost or not gpu.enumerated):
             raise NvmlFailure(Return.ERROR_GPU_IS_LOST)
 
     def full_gpu(self, handle: object, *, live: bool = True) -> tuple[GpuSlot, GpuState]:

@@ -83,12 +83,20 @@ class GpuState:
     board: int = 0
     """Which board sits in the slot: 0 is the profile's own, each replacement counts up
     (a new board has a new UUID)."""
+    pci_driver: str | None = "nvidia"
+    """The kernel driver bound to the GPU's PCI function (``gpudra.driver.sim.pci``): NVML
+    enumerates only GPUs the ``nvidia`` driver holds, as on a real node."""
     gpu_instances: list[GpuInstanceState] = field(default_factory=list)
     processes: list[ProcessState] = field(default_factory=list)
     loads: list[LoadState] = field(default_factory=list)
     recovery_action: int | None = 0
     """``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (0: none needed); None: the driver does not
     offer the field (older drivers), so NVML answers NOT_SUPPORTED for it."""
+
+    @property
+    def enumerated(self) -> bool:
+        """In its slot and driven by ``nvidia``: what NVML sees."""
+        return self.present and self.pci_driver == "nvidia"
 
     def gpu_instance(self, gi_id: int) -> GpuInstanceState | None:
         return next((gi for gi in self.gpu_instances if gi.id == gi_id), None)

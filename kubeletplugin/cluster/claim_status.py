@@ -393,6 +393,10 @@ def device_data(device: PreparedDevice, record: DeviceRecord | None, config: Any
                            "computeInstanceID": mig.compute_instance_id}
             if mig.mig_uuid:
                 data["uuid"] = mig.mig_uuid
+        if record.vfio is not None:  # passed through: where the VM finds it
+            data["kind"] = "vfio"
+            data["pciBusID"] = record.vfio.functions[0].bus_id
+            data["iommuGroup"] = record.vfio.iommu_group
     if config is not None:
         dumped = config.model_dump(by_alias=True, exclude_none=True, mode="json")
         for name in ("computeMode", "sharing", "profile"):

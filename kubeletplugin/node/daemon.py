@@ -316,6 +316,7 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
             state.refresh_gpus()  # NVML reads: here, off the loop
             loop.call_soon_threadsafe(refresh)
 
+        state.gpus_returned = changed  # VFIO: GPUs back from a VM are published again
         runtime.monitor = monitor = HealthMonitor(nvml, state.watched_gpus(), config.health,
                                                   on_change=changed)
         monitor.start()

@@ -180,7 +180,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "custom-driver": {"driverName": "gpu.example.com",
                       "deviceClasses": {"gpu": {"name": "gpu.example.com"},
                                         "mig": {"name": "mig.example.com"},
-                                        "share": {"name": "gpu-share.example.com"}}},
+                                        "share": {"name": "gpu-share.example.com"},
+                                        "vfio": {"name": "vfio.gpu.example.com"}}},
     "feature-gates": {"featureGates": {"DynamicMIG": False, "MPSSupport": True}},
     "metrics-service-off": {"metrics": {"service": {"enabled": False}}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True,
@@ -192,7 +193,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                                      "labels": {"release": "prom"},
                                                      "claimIdleSeconds": 3600}}},
     "no-deviceclasses": {"deviceClasses": {"share": {"enabled": False}, "gpu": {"enabled": False},
-                                           "mig": {"enabled": False}}},
+                                           "mig": {"enabled": False},
+                                           "vfio": {"enabled": False}}},
     "existing-serviceaccount": {"serviceAccount": {"create": False, "name": "gpu-daemon"}},
     "operator-driver-root": {"driverRoot": "/run/nvidia/driver",
                              "cdiHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
@@ -780,7 +782,7 @@ def test_device_classes_equal_the_plain_yaml():
     shipped = [yaml.safe_load(path.read_text())
                for path in sorted(DEVICECLASS_FILES.glob("*.yaml"))]
     assert [o["metadata"]["name"] for o in shipped] == [
-        "gpu-share.nvidia.com", "gpu.nvidia.com", "mig.nvidia.com"]
+        "gpu-share.nvidia.com", "gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"]
     assert rendered == shipped
 
 
@@ -797,6 +799,9 @@ def test_device_classes_follow_the_driver_name():
         "gpu-share.example.com": {"selectors": [{"cel": {"expression":
             "device.driver == 'gpu.example.com' && "
             "device.attributes['gpu.example.com'].type == 'gpu-share'"}}]},
+        "vfio.gpu.example.com": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.example.com' && "
+            "device.attributes['gpu.example.com'].type == 'vfio'"}}]},
     }
 
 
@@ -810,7 +815,8 @@ def test_extended_resource_name():
 
 def test_device_class_toggles():
     only_gpu = objects({"deviceClasses": {"mig": {"enabled": False},
-                                          "share": {"enabled": False}}})
+                                          "share": {"enabled": False},
+                                          "vfio": {"enabled": False}}})
     assert [o["metadata"]["name"] for o in of_kind(only_gpu, "DeviceClass")] == ["gpu.nvidia.com"]
 
 
@@ -882,7 +888,7 @@ def test_default_namespace_is_refused_unless_allowed():
     ({"metrics": {"port": 0}}, "metrics/port"),
     # Caught by values.schema.json at install, not by a daemon that crash-loops at start:
     ({"featureGates": {"DynamicMig": True}}, "DynamicMig"),
-    ({"featureGates": {"PassthroughSupport": True}}, "featureGates/PassthroughSupport"),
+    ({"featureGates": {"DeviceMetadata": True}}, "featureGates/DeviceMetadata"),
     ({"simulate": {"profile": "dgx-a101"}}, "simulate/profile"),
     ({"resources": {"gpus": {"enabled": False}}}, "resources.gpus.enabled=false"),
     ({"nvidiaDriverRoot": "/run/nvidia/driver", "driverRoot": "/opt/nvidia"}, "disagree"),

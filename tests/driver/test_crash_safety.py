@@ -64,8 +64,9 @@ def assert_converged(root: Path, *, prepared: bool) -> None:
         sim.uninstall()
 
 
-PREPARE_POINTS = [p for p in POINTS if p.startswith("prepare:")]
-UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:")]
+# VFIO's points are reached only by vfio claims: tests/integration/test_vfio.py crashes at each.
+PREPARE_POINTS = [p for p in POINTS if p.startswith("prepare:") and "vfio" not in p]
+UNPREPARE_POINTS = [p for p in POINTS if p.startswith("unprepare:") and "vfio" not in p]
 
 
 @pytest.mark.parametrize("point", PREPARE_POINTS)

@@ -27,6 +27,8 @@ from gpudra.driver.devices import Device
 from gpudra.driver.gpu_shares import ALL
 from gpudra.driver.inventory import read_inventory, simulated_pcie_root
 from gpudra.driver.nvml import open_nvml
+from gpudra.driver.vfio_model import VfioOffer
+from gpudra.driver.vfio_sysfs import sysfs_bus_id
 from gpudra.scheduling.catalog import (
     ATTRIBUTES,
     CAPACITIES,
@@ -54,8 +56,11 @@ def devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Device]]:
                 inventory = read_inventory(nvml, pcie_root=simulated_pcie_root)
             finally:
                 nvml.shutdown()
+            buses = [sysfs_bus_id(g.probe.pci_bus_id) for g in inventory.gpus]
+            vfio = VfioOffer({b: i for i, b in enumerate(buses)},  # passthrough too
+                             {b: ("0x10de", "0x2330") for b in buses})
             built += build_devices(inventory, ModelOptions(dynamic_mig=dynamic_mig,
-                                                           shareable=ALL)).devices
+                                                           shareable=ALL, vfio=vfio)).devices
     yield built
     sim.uninstall()
 
@@ -72,7 +77,7 @@ def split(qualified: str) -> tuple[str, str]:
 
 def test_the_profiles_cover_every_device_kind(devices):
     kinds = {d.type for d in devices}
-    assert kinds == set(PUBLISHED_ATTRIBUTES) == {"gpu", "mig", "gpu-share"}
+    assert kinds == set(PUBLISHED_ATTRIBUTES) == {"gpu", "mig", "gpu-share", "vfio"}
     assert any(_MEMORY_SLICE.match(c) for d in devices for c in d.capacity), "no static MIG"
 
 
