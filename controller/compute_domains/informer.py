@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -32,6 +33,8 @@ OnChange = Callable[[Obj | None, Obj | None], None]
 """Called with (old, new): new None for a deletion, old None for an addition."""
 
 PAGE: Final = 500
+QUIET_END: Final = 1.0
+"""A watch that ends sooner than this without an event counts as a failure."""
 
 
 class _Expired(Exception):
@@ -94,8 +97,12 @@ class Informer:
                 if relist:
                     await self._list()
                     relist = False
-                await self._watch()
-                self._backoff.reset()
+                started = time.monotonic()
+                if await self._watch() or time.monotonic() - started >= QUIET_END:
+                    self._backoff.reset()
+                else:
+                    # Ended at once with nothing in it (a proxy cutting watches?): no spinning.
+                    await self._sleep(self._backoff.next())
             except (_Expired, Gone):
                 relist = True
             except ApiCallError as error:
@@ -128,15 +135,19 @@ class Informer:
         self._failures.recovered(f"{self.resource.plural} listed again")
         self.synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> int:
+        """Follow one watch until it ends; the number of events it brought."""
         timeout = random.randint(self._watch_timeout, 2 * self._watch_timeout)
         stream = await self._api.watch(self.resource, namespace=self._namespace,
                                        field_selector="",
                                        resource_version=self.resource_version,
                                        timeout_seconds=timeout)
+        seen = 0
         async with stream:
             while (event := await stream.next()) is not None:
+                seen += 1
                 self._event(event)
+        return seen
 
     def _event(self, event: Obj) -> None:
         kind = event.get("type")
