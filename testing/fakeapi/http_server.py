@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from gpudra.testing.fakeapi import discovery, routing, versions
-from gpudra.testing.fakeapi.errors import ApiError, page_not_found
+from gpudra.testing.fakeapi.errors import ApiError, bad_request, page_not_found
 from gpudra.testing.fakeapi.faults import Faults, RequestRecord
 from gpudra.testing.fakeapi.hostile import AsGiven
 from gpudra.testing.fakeapi.operations import Api
@@ -217,7 +217,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                           self.headers.get("User-Agent", ""))
             warnings: list[str] = []
             if route.view is not None:
-                req.to_hub, req.from_hub = self._converters(route, route.view, warnings)
+                req.to_hub, req.from_hub = self._converters(
+                    route, route.view, warnings, strict=query.get("fieldValidation") == "Strict")
             if verb == "get" and self._serve_as_given(record, route):
                 return
             api = self.server.api
@@ -251,10 +252,12 @@ class ApiHandler(BaseHTTPRequestHandler):
             internal = ApiError(500, "InternalError", f"Internal error occurred: {exc!r}")
             self._send_json(500, internal.status())
 
-    def _converters(self, route: routing.Route, view: str, warnings: list[str]
+    def _converters(self, route: routing.Route, view: str, warnings: list[str], *,
+                    strict: bool = False,
                     ) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
         """Bodies of ``view`` → stored form (dropping what the served release does not
-        know, into ``warnings`` and the server's ``pruned``), and back."""
+        know, into ``warnings`` and the server's ``pruned``; refusing it under
+        ``fieldValidation=Strict``, as kubectl asks), and back."""
         plural = route.resource.plural
         schema = self.server.served.schema(view, plural)
         pruned = self.server.pruned
@@ -264,6 +267,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                 dropped: list[str] = []
                 obj = versions.prune(obj, schema, "", dropped)
                 name = str((obj.get("metadata") or {}).get("name") or route.name or "")
+                if strict and dropped:
+                    raise bad_request("strict decoding error: " + ", ".join(
+                        f'unknown field "{where}"' for where in dropped))
                 warnings.extend(dropped)
                 pruned.extend((plural, name, where) for where in dropped)
             return versions.to_hub(plural, view, obj)

@@ -191,3 +191,18 @@ def test_a_watch_of_a_beta_version_sends_its_shape(api, http):
 def test_shown_as_reads_a_stored_object_as_a_version_does(api):
     stored = api.put(samples.resource_slice(devices=[samples.device("gpu-0")]))
     assert api.shown_as("v1beta1", stored)["spec"]["devices"] == [_beta1_device("gpu-0")]
+
+
+@pytest.mark.parametrize("mode", ["v1beta2", "v1beta1"])
+def test_strict_field_validation_refuses_what_the_release_does_not_know(api, http, mode):
+    version = SERVED[mode][0]
+    device = samples.device("gpu-0", allowMultipleAllocations=True)
+    if version == "v1beta1":
+        device = {"name": "gpu-0", "basic": {k: v for k, v in device.items() if k != "name"}}
+    body = {**samples.resource_slice(devices=[device]),
+            "apiVersion": f"resource.k8s.io/{version}"}
+    answer = http.post(f"/apis/resource.k8s.io/{version}/resourceslices"
+                       "?fieldValidation=Strict", body)
+    assert answer.status_code == 400
+    assert "allowMultipleAllocations" in answer.json()["message"]
+    assert api.list("ResourceSlice") == [] and api.pruned == []
