@@ -1,11 +1,12 @@
 """``explain`` names what holds a GPU, not the first counter of its set that ran out.
 
-A full GPU, its MIG placements and its shared device (``gpu-N-shared``) all consume one
-counter set per GPU. When one of them holds the GPU, the allocator reports the first counter
-it checked that ran short (``counter copy-engines of set gpu-0-counter-set is held by
-allocated devices``), which names an engine the user never asked about. Here each such
-reason is rewritten to name the devices that consume the set: the allocated ones (another
-claim's share or MIG device), or those the other requests of the same claim take.
+A full GPU, its MIG placements, its shared device (``gpu-N-shared``) and its passthrough
+device (``gpu-vfio-N``) all consume one counter set per GPU. When one of them holds the GPU,
+the allocator reports the first counter it checked that ran short (``counter copy-engines
+of set gpu-0-counter-set is held by allocated devices``), which names an engine the user
+never asked about. Here each such reason is rewritten to name the devices that consume the
+set: the allocated ones (another claim's share, MIG device or VM's GPU), or those the other
+requests of the same claim take.
 """
 
 from __future__ import annotations
@@ -92,11 +93,14 @@ def _describe(names: Sequence[str], raw: Mapping[str, Mapping[str, Any]]) -> str
     for name in names:
         by_type.setdefault(_type(raw[name]), []).append(name)
     parts = []
-    for kind, label in (("gpu-share", "shared device"), ("mig", "MIG device"), ("gpu", "GPU")):
+    for kind, label in (("gpu-share", "shared device"), ("mig", "MIG device"), ("gpu", "GPU"),
+                        ("vfio", "vfio device")):
         found = sorted(by_type.pop(kind, []))
         if found:
             shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
             parts.append(f"{label}{'s' if len(found) > 1 else ''} {shown}")
+            if kind == "vfio":  # say what it means: the GPU itself went to a VM
+                parts[-1] += " (the GPU is taken as vfio: passed through to a VM)"
     for found in by_type.values():
         parts.append("device" + ("s " if len(found) > 1 else " ") + ", ".join(sorted(found)))
     return " and ".join(parts)
