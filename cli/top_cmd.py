@@ -43,6 +43,7 @@ _DEVICE_GAUGES = {
     "gpudra_claim_power_watts": "power_watts",
 }
 _IDLE = "gpudra_claim_idle_seconds"
+_MPS = "gpudra_mps_control_daemons"
 
 
 def add_parser(sub: Any) -> None:
@@ -98,6 +99,9 @@ class DeviceRow:
     idle_seconds: float = 0.0
     node: str = ""
     """The pool (node) from the claim's status; cluster-wide only."""
+    mps: str = ""
+    """Where the device's MPS control daemon runs: ``pod <namespace>/<name>`` or ``plugin
+    container``; empty: it uses none (or nobody said)."""
 
     def document(self) -> dict[str, Any]:
         return {
@@ -107,6 +111,7 @@ class DeviceRow:
             "smPercent": self.sm_percent, "memoryUsedBytes": int(self.memory_used_bytes),
             "memoryTotalBytes": int(self.memory_total_bytes), "powerWatts": self.power_watts,
             "idleSeconds": self.idle_seconds, "node": self.node or None,
+            "mpsControlDaemon": self.mps or None,
         }
 
 
@@ -150,9 +155,14 @@ def parse_rows(endpoint: str, text: str) -> list[DeviceRow]:
     """Rows from a daemon's metrics text (one per device label set)."""
     rows: dict[tuple[str, ...], DeviceRow] = {}
     idle: dict[tuple[str, str, str], float] = {}
+    mps: dict[str, str] = {}  # GPU UUID -> where its shared MPS daemon runs
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
+            if sample.name == _MPS and sample.value and \
+                    labels.get("daemon", "").startswith("shared-"):
+                mps[labels.get("gpu_uuid", "")] = labels.get("where", "")
+                continue
             if sample.name == _IDLE:
                 idle[(labels["namespace"], labels["claim"], labels["pod"])] = sample.value
                 continue
@@ -169,6 +179,8 @@ def parse_rows(endpoint: str, text: str) -> list[DeviceRow]:
             setattr(row, attribute, sample.value)
     for row in rows.values():
         row.idle_seconds = idle.get((row.namespace, row.claim, ",".join(row.pods)), 0.0)
+        if row.share_id:  # a share uses its GPU's daemon, when the GPU shares under MPS
+            row.mps = mps.get(row.gpu_uuid, "")
     return list(rows.values())
 
 
@@ -189,12 +201,22 @@ def claim_status_rows(claims: Sequence[dict[str, Any]], driver: str,
             row = DeviceRow("", str(meta.get("namespace", "")), str(meta.get("name", "")),
                             pods, str(entry.get("device", "")), str(data.get("uuid") or ""),
                             str(data.get("migProfile") or ""), str(entry.get("shareID") or ""),
-                            node=str(entry.get("pool", "")))
+                            node=str(entry.get("pool", "")), mps=_mps_status(data))
             for condition in entry.get("conditions") or []:
                 if condition.get("type") == "Idle" and condition.get("status") == "True":
                     row.idle_seconds = max(0.0, now - _timestamp(condition))
             rows.append(row)
     return rows
+
+
+def _mps_status(data: dict[str, Any]) -> str:
+    """``data.mpsControlDaemon`` of a status entry, as the node daemon's metrics name it."""
+    where = data.get("mpsControlDaemon")
+    if not isinstance(where, dict):
+        return ""
+    if where.get("runsIn") == "pod" and where.get("pod"):
+        return f"pod {where['pod']}"
+    return "plugin container" if where.get("runsIn") == "pluginContainer" else ""
 
 
 def _timestamp(condition: dict[str, Any]) -> float:
@@ -217,6 +239,7 @@ def join(cluster: list[DeviceRow], metrics: list[DeviceRow]) -> list[DeviceRow]:
             row.memory_total_bytes = found.memory_total_bytes
             row.idle_seconds = max(row.idle_seconds, found.idle_seconds)
             row.gpu_uuid = row.gpu_uuid or found.gpu_uuid
+            row.mps = row.mps or found.mps
     return cluster
 
 
@@ -256,8 +279,9 @@ def render(snapshot: Snapshot, fmt: str, sort: str) -> str:
         return out.getvalue()
     wide = fmt == "wide"
     cluster = any(r.node for r in rows)
+    shared = any(r.mps for r in rows)
     header = ["NAMESPACE", "CLAIM", "POD", *(["NODE"] if cluster else []), "DEVICE", "SM%",
-              "MEMORY", "POWER", "IDLE"]
+              "MEMORY", "POWER", "IDLE", *(["MPS"] if shared else [])]
     if wide:
         header += ["GPU", "SHARE", "ENDPOINT"]
     lines_rows = []
@@ -265,7 +289,7 @@ def render(snapshot: Snapshot, fmt: str, sort: str) -> str:
         cells = [r.namespace, r.claim, ",".join(r.pods) or "-",
                  *([r.node or "-"] if cluster else []), _device(r), _percent(r),
                  _memory(r), "-" if r.power_watts is None else f"{r.power_watts:.0f}W",
-                 human_duration(r.idle_seconds)]
+                 human_duration(r.idle_seconds), *([_mps_cell(r, wide)] if shared else [])]
         if wide:
             cells += [r.gpu_uuid, r.share_id or "-", r.endpoint]
         lines_rows.append(cells)
@@ -275,6 +299,17 @@ def render(snapshot: Snapshot, fmt: str, sort: str) -> str:
     lines += [f"{endpoint}: unreachable ({why})" for endpoint, why in
               snapshot.unreachable.items()]
     return "\n".join(lines) + "\n"
+
+
+def _mps_cell(row: DeviceRow, wide: bool) -> str:
+    """The MPS control daemon's pod (its name; with the namespace when wide), ``plugin``
+    for one in the plugin container, ``-`` for none."""
+    if not row.mps:
+        return "-"
+    if row.mps.startswith("pod "):
+        where = row.mps.removeprefix("pod ")
+        return where if wide else where.rpartition("/")[2]
+    return "plugin"
 
 
 def _device(row: DeviceRow) -> str:

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from prometheus_client import Gauge
 
 from gpudra.api.configs import MpsConfig
-from gpudra.driver import files, mps_process
+from gpudra.driver import files, mps_process, shares
 from gpudra.driver.cdi import ContainerEdits, Mount
+from gpudra.driver.checkpoint_model import ClaimRecord
 from gpudra.driver.commands import CommandError, CommandRunner
 from gpudra.driver.mps_pods import MpsPods
 from gpudra.driver.paths import child_path, remove_tree
@@ -46,6 +48,14 @@ NATIVE_PID_FILE = "nvidia-cuda-mps-control.pid"
 """Written into the pipe directory by the control daemon itself."""
 CONTROL_SOCKET = "control"
 """The control daemon's socket in the pipe directory, which clients connect to."""
+IN_CONTAINER = "plugin container"
+"""Where an in-container daemon runs, as :meth:`MpsManager.where` names it."""
+
+MPS_DAEMONS = Gauge(
+    "gpudra_mps_control_daemons",
+    "MPS control daemons this node daemon runs or adopted: 1 each, labelled with its key "
+    "(shared-<GPU UUID>, or a claim's uid), its GPUs and where it runs (its pod, or the "
+    "plugin container)", ["daemon", "gpu_uuid", "where"])
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,7 @@ class MpsManager:
                  timeout: float = 5.0, pods: MpsPods | None = None) -> None:
         self.runner = runner
         self.pods = pods
+        self._labels: dict[str, tuple[str, str, str]] = {}
         # Absolute: the claim directory is part of a daemon's identity (its environment),
         # which must compare equal across restarts of the node daemon.
         self.base_dir = base_dir.absolute()
@@ -150,9 +161,27 @@ class MpsManager:
         return self._local_pid(daemon)
 
     def where(self, claim_uid: str) -> str:
-        """Where the daemon runs, as logs and status name it: its pod, or this container."""
-        return "in the plugin container" if self.pods is None \
-            else f"pod {self.pods.where(claim_uid)}"
+        """Where the daemon runs, as logs, metrics and status name it: ``pod <ns>/<name>``,
+        or :data:`IN_CONTAINER`."""
+        return IN_CONTAINER if self.pods is None else f"pod {self.pods.where(claim_uid)}"
+
+    def status(self, claim_uid: str) -> dict[str, str]:
+        """A claim device's ``status.devices[].data.mpsControlDaemon``: where its daemon
+        runs (from the configuration: no API call)."""
+        if self.pods is None:
+            return {"runsIn": "pluginContainer"}
+        return {"runsIn": "pod", "pod": self.pods.where(claim_uid)}
+
+    def _shown(self, claim_uid: str, uuids: Sequence[str], up: bool) -> None:
+        """The :data:`MPS_DAEMONS` series of a daemon: set while it runs, gone after."""
+        labels = (claim_uid, ",".join(uuids), self.where(claim_uid))
+        if up:
+            MPS_DAEMONS.labels(*labels).set(1)
+            self._labels[claim_uid] = labels
+        else:
+            old = self._labels.pop(claim_uid, None)
+            if old is not None:
+                MPS_DAEMONS.remove(*old)
 
     @staticmethod
     def _local_pid(daemon: MpsDaemon) -> int | None:
@@ -194,6 +223,7 @@ class MpsManager:
             except (CommandError, OSError):
                 self._remove_pod(claim_uid, daemon)
                 raise
+            self._shown(claim_uid, uuids, up=True)
             return daemon
         try:
             self.runner.run([CONTROL, "-d"], env=daemon.env(uuids))
@@ -203,6 +233,7 @@ class MpsManager:
         except (CommandError, OSError):
             self._quit_running(daemon, claim_uid)
             raise
+        self._shown(claim_uid, uuids, up=True)
         return daemon
 
     def send(self, claim_uid: str, commands: Sequence[str]) -> None:
@@ -241,6 +272,7 @@ class MpsManager:
         self._quit_running(daemon, claim_uid)
         if self.pods is not None:
             self._remove_pod(claim_uid, daemon)
+        self._shown(claim_uid, (), up=False)
         if daemon.shm_dir.is_mount():
             # Lazy: a container being torn down may still hold it; it goes when they do.
             _run(["umount", "--lazy", str(daemon.shm_dir)])
@@ -303,6 +335,7 @@ class MpsManager:
             if pid is not None:
                 log.info("re-adopted MPS control daemon", claim=claim.ref, pid=pid,
                          where=self.where(uid))
+                self._shown(uid, claim.uuids, up=True)
                 report.adopted[uid] = pid
                 continue
             if claim.commands is None:
@@ -353,3 +386,34 @@ def commands_for(config: MpsConfig | None, uuids: Sequence[str]) -> list[str]:
     for uuid in sorted(limits):
         commands.append(f"set_default_device_pinned_mem_limit {uuid} {limits[uuid]}M")
     return commands
+
+
+def daemon_key_of(record: ClaimRecord, share_id: str | None, uuid: str | None) -> str | None:
+    """The key of the MPS daemon a prepared device's containers use, if any: its shared
+    GPU's (an MPS share), or its claim's (an MPS config on whole devices)."""
+    if share_id:
+        raw = record.restore.shares.get(share_id)
+        if raw is None:
+            return None
+        entry = shares.ShareEntry.from_json(share_id, raw)
+        return shares.daemon_key(entry.gpu) if entry.strategy == "MPS" else None
+    mps = record.restore.mps
+    if mps is not None and uuid in mps.uuids:
+        return record.uid
+    return None
+
+
+StatusSource = Callable[[ClaimRecord, str | None, str | None], dict[str, str] | None]
+
+
+def status_source(mps: MpsManager | None) -> StatusSource | None:
+    """For claim device status: (record, share ID, device UUID) → where the device's MPS
+    daemon runs (:meth:`MpsManager.status`), or ``None`` when it uses none."""
+    if mps is None:
+        return None
+
+    def status(record: ClaimRecord, share_id: str | None,
+               uuid: str | None) -> dict[str, str] | None:
+        key = daemon_key_of(record, share_id, uuid)
+        return None if key is None else mps.status(key)
+    return status

@@ -27,10 +27,14 @@ import sys
 
 
 def _write(path: str, data: dict[str, int]) -> None:
-    """Atomically: the runner polls for these files and must never read half of one."""
-    with open(path + ".tmp", "w", encoding="utf-8") as file:
-        json.dump(data, file)
-    os.replace(path + ".tmp", path)
+    """Atomically: the runner polls for these files and must never read half of one. A
+    runner that closed may have removed its directory: then nobody needs the record."""
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as file:
+            json.dump(data, file)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
 
 
 def main(record: str, log: str, argv: list[str]) -> int:

@@ -38,6 +38,7 @@ from gpudra.driver.checkpoint_model import ClaimRecord, DeviceRecord
 from gpudra.driver.claims import ClaimError, ClaimToPrepare, resolve_configs
 from gpudra.driver.devices import NodeDevices
 from gpudra.driver.health import rfc3339
+from gpudra.driver.mps import StatusSource
 from gpudra.driver.usage import IdleTransition
 from gpudra.kube.backoff import Backoff
 from gpudra.kube.errors import ApiCallError, Invalid, NotFound
@@ -103,8 +104,10 @@ class ClaimStatusWriter:
                  backoff: Callable[[], Backoff] = lambda: Backoff(initial=0.5, cap=60.0),
                  clock: Callable[[], float] = time.time, delay: float = WRITE_DELAY,
                  monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 mps_daemon: StatusSource | None = None) -> None:
         self._api = api
+        self._mps_daemon = mps_daemon  # where a device's MPS daemon runs (data)
         self._driver = driver
         self._records = records
         self._watch_health = watch_health  # without health checks, no Healthy to vouch for
@@ -252,6 +255,12 @@ class ClaimStatusWriter:
             if self._pass_records is None:
                 self._pass_records = await asyncio.to_thread(self._records)
             entry.data = self._device_data(entry, self._pass_records.get(uid))
+            record = self._pass_records.get(uid)
+            if self._mps_daemon is not None and record is not None:
+                for (_, _, share_id), item in entry.data.items():
+                    where = self._mps_daemon(record, share_id, item.get("uuid"))
+                    if where is not None:
+                        item["mpsControlDaemon"] = where
         if self._claims.get(uid) is not entry:
             return  # replaced meanwhile (another allocation under the uid): its write follows
         body = self.apply_body(entry)

@@ -412,6 +412,7 @@ def _start_failure(exc: BaseException) -> str:
 def _claim_observers(config: NodeConfig, api: ApiSession, state: DeviceState,
                      ) -> tuple[ClaimStatusWriter, IdleEvents]:
     """Claim device status and idle Events: told by the preparer, written in the background."""
+    from gpudra.driver.mps import status_source
     from gpudra.kube.raw_api import RawApi
     from gpudra.kubeletplugin.cluster.claim_status import ClaimStatusWriter
     from gpudra.kubeletplugin.cluster.events import IdleEvents
@@ -421,7 +422,8 @@ def _claim_observers(config: NodeConfig, api: ApiSession, state: DeviceState,
 
     raw = RawApi(api)
     status = ClaimStatusWriter(raw, driver=config.driver_name, records=records,
-                               watch_health=config.gates.enabled("DeviceHealthCheck"))
+                               watch_health=config.gates.enabled("DeviceHealthCheck"),
+                               mps_daemon=status_source(state.hardware.mps))
     return status, IdleEvents(raw, driver=config.driver_name, node=config.node_name)
 
 

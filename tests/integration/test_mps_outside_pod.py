@@ -8,6 +8,7 @@ A crash between creating the pod and committing the claim leaks nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gpudra.cli.main import main
 from gpudra.driver import mps_process
 from gpudra.driver.mps_pods import pod_name
 from gpudra.driver.shares import daemon_key
@@ -30,6 +32,7 @@ from gpudra.testing.kubelet_emulator import KubeletEmulator
 from gpudra.testing.pod_runner import PodRunner
 from tests.driver.test_mps import sim_daemons
 from tests.integration.daemon import DRIVER, Daemon
+from tests.integration.test_claim_status_daemon import entries, eventually
 from tests.integration.test_shares import share_claim
 from tests.mps_leaks import MARK_ENV
 
@@ -76,7 +79,8 @@ def adoptions(daemon: Daemon) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-async def test_upgrading_the_node_daemon_never_stops_the_mps_daemon(node, fake_api, how):
+async def test_upgrading_the_node_daemon_never_stops_the_mps_daemon(node, fake_api, how,
+                                                                   capsys):
     daemon, runner = node
     a, b = share_claim(fake_api, "share-a"), share_claim(fake_api, "share-b")
     daemon.start()
@@ -98,6 +102,20 @@ async def test_upgrading_the_node_daemon_never_stops_the_mps_daemon(node, fake_a
     assert read_limits(directory / "log")["defaultActiveThreadPercentage"] == 50
     print(f"\nbefore the upgrade: MPS pod {NAMESPACE}/{meta['name']} uid {meta['uid']}, "
           f"control daemon pid {pid}, node daemon pid {daemon.process.pid}")
+
+    # The claims' status and `gpudra top` name the pod.
+    where = {"runsIn": "pod", "pod": f"{NAMESPACE}/{meta['name']}"}
+    for ref in (a, b):
+        await eventually(lambda ref=ref: [e for e in entries(fake_api, ref)
+                                          if e["data"].get("mpsControlDaemon") == where],
+                         f"status.devices of {ref.name} naming the MPS pod: "
+                         f"{entries(fake_api, ref)}")
+    top = ["top", "--kubeconfig", str(daemon.base / "kubeconfig"), "-o", "wide"]
+    assert await asyncio.to_thread(main, top) == 0  # it runs a loop of its own
+    shown = capsys.readouterr().out
+    header, *lines = shown[shown.index("NAMESPACE"):].splitlines()
+    column = header.split().index("MPS")
+    assert [line.split()[column] for line in lines] == [f"{NAMESPACE}/{meta['name']}"] * 2
 
     # The upgrade: the old node daemon goes (asked to, or killed), the new one starts over
     # the same directories. Meanwhile the clients' daemon serves.
