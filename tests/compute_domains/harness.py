@@ -68,6 +68,8 @@ class SimNode:
     gpu_process: subprocess.Popen[str] | None = None
     kubelet: BackgroundKubelet | None = None
     runner: PodRunner | None = None
+    log_mark: int = 0
+    """Length of the plugin's log when its current process started."""
 
     @property
     def registrar(self) -> Path:
@@ -121,6 +123,7 @@ class SimNode:
         return self
 
     def start_plugin(self, extra: Sequence[str] = ()) -> None:
+        self.log_mark = len(self.log())
         with (self.base / "node.log").open("a") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpudra.cli.main", "compute-domain-node",
@@ -133,7 +136,7 @@ class SimNode:
                 stdout=out, stderr=subprocess.STDOUT)
 
     def wait_plugin(self) -> None:
-        until(lambda: "compute-domain node daemon running" in self.log()
+        until(lambda: "compute-domain node daemon running" in self.log()[self.log_mark:]
               or (self.process is not None and self.process.poll() is not None),
               f"{self.name}'s plugin to start")
         assert self.process is not None and self.process.poll() is None, self.log()
