@@ -99,18 +99,21 @@ class _Encoded(NamedTuple):
     record: ClaimRecord
     """Held so that its ``id`` is not reused while the entry lives."""
     plain: str
-    """As written: the models' key order (the layout earlier builds wrote, byte for byte)."""
+    """``"<uid>":<record>`` as written: the models' key order (the layout earlier builds
+    wrote, byte for byte)."""
     canonical: str
-    """As checksummed: sorted keys."""
+    """``"<uid>":<record>`` as checksummed: sorted keys."""
     as_read: ClaimRecord
 
 
 class RecordCache:
-    """Each claim record's canonical JSON and as-read record, by record object.
+    """Each claim record's JSON texts and as-read record, by record object.
 
     Records are immutable and a save changes one or two of them, so a save encodes and
-    re-reads only those: the rest of the file is text already made. Safe across threads:
-    entries are only added, and a save swaps in the entries of the records it wrote.
+    re-reads only those: the rest of the file is text already made. A record and the
+    record a reader decodes from its text (what the store's next load returns, and so what
+    the next save is given) share one entry. Safe across threads: a save swaps in the
+    entries of the records it wrote; entries are never changed.
     """
 
     def __init__(self) -> None:
@@ -121,12 +124,17 @@ class RecordCache:
         if entry is not None and entry.record is record:
             return entry
         raw = json.loads(record.model_dump_json())
-        where = f"data.claims.{uid}"
-        return _Encoded(record, _compact(raw), _canonical(raw),
-                        decode_claim(path, uid, raw, where))
+        key = json.dumps(uid)
+        return _Encoded(record, f"{key}:{_compact(raw)}", f"{key}:{_canonical(raw)}",
+                        decode_claim(path, uid, raw, f"data.claims.{uid}"))
 
-    def keep(self, entries: dict[tuple[int, str], _Encoded]) -> None:
-        self._entries = entries
+    def keep(self, entries: dict[str, _Encoded]) -> None:
+        """Keep the entries of one save's records (``uid`` → entry), and forget the rest."""
+        kept: dict[tuple[int, str], _Encoded] = {}
+        for uid, entry in entries.items():
+            kept[(id(entry.record), uid)] = entry
+            kept[(id(entry.as_read), uid)] = entry._replace(record=entry.as_read)
+        self._entries = kept
 
 
 def encode_as_read(cp: Checkpoint, *, path: Path,
@@ -142,7 +150,7 @@ def encode_as_read(cp: Checkpoint, *, path: Path,
     rest = json.loads(cp.model_copy(update={"claims": {}}).model_dump_json())
     if JOURNAL_KEY in rest:  # would make the previous build look for a journal
         raise ValueError(f"{JOURNAL_KEY!r} is reserved, not a checkpoint field")
-    entries = {(id(record), uid): cache.encoded(uid, record, path)
+    entries = {uid: cache.encoded(uid, record, path)
                for uid, record in sorted(cp.claims.items())}
     cache.keep(entries)
     digest = "sha256:" + hashlib.sha256(
@@ -153,16 +161,15 @@ def encode_as_read(cp: Checkpoint, *, path: Path,
     content = f'{head[:-1]},"data":{data_text}}}\n'.encode()
     top = _validate(path, {**rest, "claims": {}}, "data")
     as_read = top.model_copy(update={"claims": {
-        uid: entry.as_read for (_, uid), entry in entries.items()}})
+        uid: entry.as_read for uid, entry in entries.items()}})
     return content, as_read
 
 
-def _assembled(rest: dict[str, Any], entries: dict[tuple[int, str], _Encoded], *,
+def _assembled(rest: dict[str, Any], entries: dict[str, _Encoded], *,
                canonical: bool) -> str:
     """``data``'s JSON text from its non-claim fields and the claims' encoded texts."""
     claims = "{" + ",".join(
-        f"{json.dumps(uid)}:{entry.canonical if canonical else entry.plain}"
-        for (_, uid), entry in entries.items()) + "}"
+        entry.canonical if canonical else entry.plain for entry in entries.values()) + "}"
     encode_value = _canonical if canonical else _compact
     keys = sorted(rest) if canonical else list(rest)
     return "{" + ",".join(

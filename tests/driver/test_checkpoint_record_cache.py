@@ -78,3 +78,15 @@ def test_store_saves_through_the_cache_and_reads_back(tmp_path):
         store.save(cp)
         assert store.load() == CheckpointStore(tmp_path, boot_id="boot-1").load()
         assert (tmp_path / "checkpoint.json").read_bytes() == encode(cp)
+
+
+def test_the_record_a_load_returns_is_not_encoded_again():
+    # What the store's next load returns is the as-read checkpoint, and that is what the
+    # next save is given: its records must hit the cache (a miss decodes new objects).
+    cache = RecordCache()
+    _, as_read = encode_as_read(sample(), path=PATH, cache=cache)
+    _, again = encode_as_read(as_read, path=PATH, cache=cache)
+    assert all(again.claims[uid] is record for uid, record in as_read.claims.items())
+    fresh = RecordCache()
+    _, cold = encode_as_read(as_read, path=PATH, cache=fresh)
+    assert all(cold.claims[uid] is not record for uid, record in as_read.claims.items())
