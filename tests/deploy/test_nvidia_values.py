@@ -52,6 +52,10 @@ MAPPED = (
     "kubeletPlugin.kubeletRegistrarDirectoryPath", "kubeletPlugin.kubeletPluginsDirectoryPath",
     "kubeletPlugin.containers.gpus.env", "kubeletPlugin.containers.gpus.resources",
     "kubeletPlugin.containers.gpus.securityContext", "kubeletPlugin.containers.init.resources",
+    # gpudra's computeDomains.*: the IMEX mode and isolation are what gpudra does
+    "resources.computeDomains.enabled", "resources.computeDomains.imex.mode",
+    "resources.computeDomains.imex.isolation", "controller.replicas", "controller.nodeSelector",
+    "controller.tolerations", "controller.containers.computeDomain.resources",
 )
 # Mapped only when they name gpudra's own image; NVIDIA's image is replaced (and named).
 IMAGE_KEYS = ("image.repository", "image.tag")
@@ -157,8 +161,8 @@ def test_nvidia_defaults_keep_the_driver_root_log_level_and_image():
     assert c["securityContext"]["privileged"] is True
     assert c["securityContext"]["runAsUser"] == 0  # NVIDIA's {privileged: true} on our image
     section = _ignored_section(notes(DEFAULTS))
-    assert "ComputeDomain" in section and "resources.computeDomains.enabled" in section
-    assert "controller.replicas" in section and "webhook.tls.mode" in section
+    assert "ComputeDomain" in section and "resources.computeDomains.imex.hostSocketPath" in section
+    assert "controller.leaderElection.enabled" in section and "webhook.tls.mode" in section
 
 
 # --- the customised file: each value reaches what it means ------------------------------------
@@ -327,7 +331,41 @@ def test_nvidia_and_gpudra_names_that_disagree_fail():
     assert "--cdi-hook-path=/a/hook" in agree["args"]
 
 
-def test_compute_domains_on_installs_and_is_named():
-    values = {"resources": {"computeDomains": {"enabled": True}}}
-    assert one(objects(values), "DaemonSet")
-    assert "resources.computeDomains.enabled" in _named(_ignored_section(notes(values)))
+def _controller(values: dict[str, Any]) -> dict[str, Any] | None:
+    found = [o for o in of_kind(objects(values), "Deployment")
+             if o["metadata"]["name"].endswith("compute-domain-controller")]
+    return found[0] if found else None
+
+
+def test_compute_domains_map_to_gpudras():
+    """NVIDIA's default turns its ComputeDomain components on: so does it gpudra's."""
+    assert _controller({}) is None
+    assert _controller(CUSTOM) is None  # resources.computeDomains.enabled: false
+    objs = objects(DEFAULTS)
+    assert one(objs, "CustomResourceDefinition")["metadata"]["name"] == \
+        "computedomains.resource.nvidia.com"
+    values = {"resources": {"computeDomains": {"enabled": True}},
+              "controller": {"replicas": 3, "nodeSelector": {"pool": "system"},
+                             "tolerations": [{"key": "CriticalAddonsOnly",
+                                              "operator": "Exists"}],
+                             "containers": {"computeDomain": {"resources": {
+                                 "requests": {"cpu": "1"}}}}}}
+    deployment = _controller(values)
+    assert deployment is not None
+    spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 3
+    assert spec["nodeSelector"] == {"pool": "system"}
+    assert spec["tolerations"] == values["controller"]["tolerations"]
+    assert spec["containers"][0]["resources"] == {"requests": {"cpu": "1"}}
+    assert "gpudra ignores" not in notes(values)
+    for obj in objects(values):
+        validate(obj)
+    # gpudra's own values win where they are set.
+    ours = {**values, "computeDomains": {"controller": {"replicas": 2}}}
+    mine = _controller(ours)
+    assert mine is not None and mine["spec"]["replicas"] == 2
+    host = {"resources": {"computeDomains": {"enabled": True, "imex": {
+        "mode": "hostManaged", "hostSocketPath": "/run/imex.sock"}}}}
+    named = _named(_ignored_section(notes(host)))
+    assert {"resources.computeDomains.imex.mode",
+            "resources.computeDomains.imex.hostSocketPath"} <= named

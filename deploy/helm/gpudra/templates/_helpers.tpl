@@ -363,8 +363,17 @@ The keys of NVIDIA's chart in these values that gpudra ignores, one line each:
 {{- $cd = concat $cd (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "kubeletPlugin.containers.computeDomains" "value" .) | trim)) }}
 {{- end }}
 {{- if hasKey $v "altProcDevices" }}{{ $cd = append $cd "altProcDevices" }}{{ end }}
-{{- with $cd }}
-{{- $groups = append $groups (printf "NVIDIA's ComputeDomain (IMEX) components, which gpudra does not include|%s" (join ", " .)) }}
+{{- $mapped := include "gpudra.nvidiaComputeDomainKeys" . | splitList " " }}
+{{- $unmapped := list }}
+{{- range $key := $cd }}
+{{- $covered := false }}
+{{- range $mapped }}
+{{- if or (eq $key .) (hasPrefix (printf "%s." .) $key) }}{{ $covered = true }}{{ end }}
+{{- end }}
+{{- if not $covered }}{{ $unmapped = append $unmapped $key }}{{ end }}
+{{- end }}
+{{- with $unmapped }}
+{{- $groups = append $groups (printf "settings of NVIDIA's ComputeDomain components that gpudra's (computeDomains.*) do not have|%s" (join ", " .)) }}
 {{- end }}
 {{- with $v.webhook }}
 {{- $hook := list }}
@@ -449,4 +458,38 @@ carry (an unset DYNAMIC_MIG_GPUS differs from "none": it follows the DynamicMIG 
   value: {{ toString .placements | quote }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+NVIDIA's ComputeDomain keys that gpudra's computeDomains values take over (space-separated),
+as "gpudra.computeDomains" maps them: its IMEX mode and isolation only when they are what
+gpudra does (driver-managed IMEX daemons, one channel per domain).
+*/}}
+{{- define "gpudra.nvidiaComputeDomainKeys" -}}
+{{- $keys := list "resources.computeDomains.enabled" "controller.replicas" "controller.nodeSelector" "controller.tolerations" "controller.containers.computeDomain.resources" }}
+{{- $imex := dig "computeDomains" "imex" dict (.Values.resources | default dict) }}
+{{- if eq (toString ($imex.mode | default "driverManaged")) "driverManaged" }}{{ $keys = append $keys "resources.computeDomains.imex.mode" }}{{ end }}
+{{- if eq (toString ($imex.isolation | default "domain")) "domain" }}{{ $keys = append $keys "resources.computeDomains.imex.isolation" }}{{ end }}
+{{- join " " $keys }}
+{{- end }}
+
+{{/*
+The computeDomains values with NVIDIA's names for them filled in: resources.computeDomains
+.enabled (unless computeDomains.enabled is true already), and the controller's replicas,
+nodeSelector, tolerations and resources where gpudra's are left at their defaults.
+*/}}
+{{- define "gpudra.computeDomains" -}}
+{{- $ours := deepCopy .Values.computeDomains }}
+{{- $nvidia := dig "computeDomains" dict (.Values.resources | default dict) }}
+{{- if and (not $ours.enabled) (hasKey $nvidia "enabled") }}
+{{- $_ := set $ours "enabled" (eq (toString $nvidia.enabled) "true") }}
+{{- end }}
+{{- with .Values.controller }}
+{{- $ctl := $ours.controller }}
+{{- if and (hasKey . "replicas") (eq (int $ctl.replicas) 1) }}{{ $_ := set $ctl "replicas" (int .replicas) }}{{ end }}
+{{- if and .nodeSelector (not $ctl.nodeSelector) }}{{ $_ := set $ctl "nodeSelector" .nodeSelector }}{{ end }}
+{{- if and .tolerations (not $ctl.tolerations) }}{{ $_ := set $ctl "tolerations" .tolerations }}{{ end }}
+{{- with (dig "containers" "computeDomain" "resources" dict .) }}{{ $_ := set $ctl "resources" . }}{{ end }}
+{{- end }}
+{{- toYaml $ours }}
 {{- end }}
