@@ -21,6 +21,9 @@ from gpudra.scheduling.allocator import Allocator
 _HELD = re.compile(r"counter \S+ of set (\S+) is held by allocated devices \([^)]*\)")
 _BELOW_ZERO = re.compile(r"counter \S+ of set (\S+) would go below zero \([^)]*\)")
 
+_COUNTER_CODES = frozenset({"allocated", "counters"})
+"""Outcome codes of a counter held by allocated devices, or taken in the search."""
+
 Pool = tuple[str, str]
 """(driver, pool name)."""
 
@@ -40,6 +43,10 @@ def name_holders(allocations: Iterable[Allocation], allocator: Allocator) -> Non
         rewritten: dict[str, str] = {}
         for trace in allocation.requests:
             for i, outcome in enumerate(trace.outcomes):
+                # Only these codes carry counter reasons: the rest (nearly all, on a big
+                # cluster) is skipped without a regex.
+                if outcome.code not in _COUNTER_CODES:
+                    continue
                 reason = _rewrite(outcome, trace, allocation.requests, allocator, devices)
                 if reason is not None:
                     rewritten[outcome.reason] = reason
