@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from gpudra.api.claims import ClaimRef
 from gpudra.driver.checkpoint_store import CheckpointStore
@@ -20,6 +22,7 @@ from gpudra.driver.sim import SimControl
 from gpudra.driver.sim.pci import FIRST_GROUP, share_iommu_group
 from gpudra.driver.sim.state import StateStore
 from gpudra.driver.vfio_sysfs import PciSysfs
+from gpudra.scheduling.allocator import Allocator
 from gpudra.testing.fakeapi.server import FakeApiServer
 from gpudra.testing.kubelet_emulator import KubeletEmulator
 from tests.integration.daemon import DRIVER, Daemon, create_claim, node_daemon
@@ -254,3 +257,47 @@ async def test_a_restart_while_a_vm_holds_the_gpu_keeps_it_and_republishes_it_af
     # Back in NVML: published again (found by the health watcher's probe).
     await eventually(lambda: {"gpu-1", "gpu-vfio-1"} <= set(published(fake_api)),
                      "GPU 1 published again", seconds=30)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vfio-passthrough"
+
+
+async def test_the_kubevirt_example_gets_a_gpu_through_its_claim(daemon, fake_api):
+    """examples/vfio-passthrough/: the VMI's claim, made from its template as KubeVirt makes
+    it, is allocated by the reference allocator on the slices the daemon published and
+    prepared over gRPC; the VM's launcher gets the VFIO nodes and the claim the PCI address."""
+    objects = [doc for path in sorted(EXAMPLE.glob("*.yaml"))
+               for doc in yaml.safe_load_all(path.read_text()) if doc]
+    [vmi] = [o for o in objects if o["kind"] == "VirtualMachineInstance"]
+    templates = {o["metadata"]["name"]: o for o in objects
+                 if o["kind"] == "ResourceClaimTemplate"}
+    [gpu] = vmi["spec"]["domain"]["devices"]["gpus"]
+    [entry] = [e for e in vmi["spec"]["resourceClaims"] if e["name"] == gpu["claimName"]]
+    template = templates[entry["resourceClaimTemplateName"]]
+    assert gpu["requestName"] in {r["name"] for r in template["spec"]["spec"]["devices"]
+                                  ["requests"]}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "virt-launcher-gpu-vm-gpu", "namespace": "default"},
+             "spec": template["spec"]["spec"]}
+    daemon.start()
+    await eventually(lambda: "gpu-vfio-7" in published(fake_api), "vfio devices published")
+    classes = [yaml.safe_load(p.read_text())
+               for p in sorted((EXAMPLE.parents[1] / "deploy" / "deviceclasses").glob("*.yaml"))]
+    allocation = Allocator(fake_api.list("ResourceSlice"), classes).allocate(claim, "node-a")
+    assert allocation.allocatable, allocation.blocking
+    [result] = allocation.results
+    assert [r["device"] for r in result["devices"]["results"]] == ["gpu-vfio-0"]
+    stored = fake_api.put({**claim, "status": {"allocation": result}})
+    meta = stored["metadata"]
+    ref = ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+    async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+        answer = await kubelet.prepare([ref])
+        assert answer[ref.uid]["error"] == "", answer
+        [device] = spec(daemon, ref)["devices"]
+        assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == [
+            "/dev/vfio/vfio", f"/dev/vfio/{FIRST_GROUP}"]
+        [status] = await eventually(lambda: entries(fake_api, ref), "device status")
+        assert status["data"]["pciBusID"] == BUS[0]
+        assert sysfs(daemon).driver(BUS[0]) == "vfio-pci"
+        assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+    assert sysfs(daemon).driver(BUS[0]) == "nvidia" and nvml_sees(daemon, 0)
