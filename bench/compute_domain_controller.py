@@ -33,11 +33,13 @@ from tests.controller.compute_domains.harness import (
 )
 
 
-def one_run(nodes: int, base: Path) -> tuple[float, float, Counter[str]]:
+def one_run(nodes: int, base: Path, *, latency: float,
+            at_once: int) -> tuple[float, float, Counter[str]]:
     with FakeApiServer() as api:
         for ns in ("team", DRIVER_NS):
             api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        proc = ControllerProcess(api.url, base, identity=f"bench-{nodes}").start()
+        proc = ControllerProcess(api.url, base, identity=f"bench-{nodes}",
+                                 extra=("--writes-at-once", str(at_once))).start()
         try:
             wait_for("leader", lambda: "caches filled; reconciling" in proc.events(), 120)
             domain = api.put({"apiVersion": cd.API_VERSION, "kind": cd.KIND,
@@ -48,6 +50,9 @@ def one_run(nodes: int, base: Path) -> tuple[float, float, Counter[str]]:
             wait_for("template", lambda: api.get("ResourceClaimTemplate", "big-channel",
                                                   "team"), 120)
             api.reset_calls()
+            if latency:  # a real API server's round trip, for every write
+                for verb in ("create", "patch", "update", "delete"):
+                    api.delay(latency, verb)
             names = [f"node-{i:03d}" for i in range(nodes)]
             start = time.monotonic()
             claims = [allocate_channel(api, domain, n) for n in names]
@@ -72,14 +77,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--nodes", default="18,72,144")
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds added to every write the stand-in answers")
+    parser.add_argument("--writes-at-once", type=int, default=16)
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs, write latency "
+          f"{args.latency * 1000:g} ms, {args.writes_at_once} writes at once")
     for n in (int(x) for x in args.nodes.split(",")):
         pods, ready = [], []
         verbs: Counter[str] = Counter()
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
-                p, r, verbs = one_run(n, Path(tmp))
+                p, r, verbs = one_run(n, Path(tmp), latency=args.latency,
+                                      at_once=args.writes_at_once)
             pods.append(p)
             ready.append(r)
         print(f"{n:4d} nodes: all daemon pods after {statistics.median(pods):.2f} s "

@@ -85,6 +85,9 @@ def add_parser(sub: Any) -> None:
                              "host name and a random suffix)")
     parser.add_argument("--workers", default=env("WORKERS", "4"), metavar="N",
                         help="domains reconciled at once (env WORKERS; default 4)")
+    parser.add_argument("--writes-at-once", default=env("WRITES_AT_ONCE", "16"), metavar="N",
+                        help="writes of one domain's reconcile in flight at once: pod "
+                             "creates, claim status (env WRITES_AT_ONCE; default 16)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=env("LOG_FORMAT", "json"),
                         help="env LOG_FORMAT")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=env("LOG_LEVEL", "info"),
@@ -145,7 +148,9 @@ def controller_config(args: argparse.Namespace) -> Any:
         ready_timeout=_duration(args.ready_timeout, "--ready-timeout (env READY_TIMEOUT)"),
         crash_restarts=_count(args.crash_restarts, "--crash-restarts (env CRASH_RESTARTS)",
                               minimum=0),
-        restart_delay=_duration(args.restart_delay, "--restart-delay (env RESTART_DELAY)"))
+        restart_delay=_duration(args.restart_delay, "--restart-delay (env RESTART_DELAY)"),
+        writes_at_once=_count(args.writes_at_once, "--writes-at-once (env WRITES_AT_ONCE)",
+                              minimum=1))
     identity = args.identity or f"{os.uname().nodename}_{uuid.uuid4().hex[:8]}"
     lease = None
     if args.leader_elect == "true":

@@ -57,6 +57,10 @@ class Settings:
     replaced."""
     labels: dict[str, str] = field(default_factory=dict)
     """Extra labels on every object the controller makes (the chart's)."""
+    writes_at_once: int = 16
+    """Independent writes of one reconcile (pod creates and deletes, claim status applies)
+    in flight at once: a domain of hundreds of nodes is not brought up one API round trip
+    after another, nor does it flood the API server."""
 
 
 def daemon_template_name(domain_uid: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -249,10 +249,8 @@ class Controller:
         self._observe(uid, plan.nodes, pods, now)
         for template in plan.templates:
             await self._create_template(domain, template)
-        for pod in plan.create_pods:
-            await self._create_pod(pod)
-        for name in plan.delete_pods:
-            await self._delete_pod(name)
+        await self._bounded([self._create_pod(pod) for pod in plan.create_pods]
+                            + [self._delete_pod(name) for name in plan.delete_pods])
         written = (raw.get("status") or {}).get("status")  # the model defaults it
         if plan.status != written or plan.prune_nodes:
             stored = await update_domain_status(
@@ -314,10 +312,25 @@ class Controller:
     async def _write_conditions(
             self, wanted: dict[ChannelUse, tuple[Condition, Condition]]) -> None:
         stamp = self._wall().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for claim, uses in sorted(claim_uses(wanted).items()):
-            if all(same_conditions(u.conditions, wanted[u]) for u in uses):
-                continue
-            await self._apply_claim(claim, {u: wanted[u] for u in uses}, stamp)
+        await self._bounded([
+            self._apply_claim(claim, {u: wanted[u] for u in uses}, stamp)
+            for claim, uses in sorted(claim_uses(wanted).items())
+            if not all(same_conditions(u.conditions, wanted[u]) for u in uses)])
+
+    async def _bounded(self, calls: list[Coroutine[Any, Any, None]]) -> None:
+        """Run independent writes ``settings.writes_at_once`` at a time. All are tried; the
+        first failure is raised after (the reconcile is retried, and repeats only what is
+        left)."""
+        gate = asyncio.Semaphore(self.settings.writes_at_once)
+
+        async def one(call: Coroutine[Any, Any, None]) -> None:
+            async with gate:
+                await call
+
+        results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _apply_claim(self, claim: ClaimKey,
                            mine: dict[ChannelUse, tuple[Condition, Condition]],
