@@ -246,7 +246,9 @@ class _Flag:
 
 
 @dataclass(frozen=True)
-class _Recovery:
+class RecoveryRecord:
+    """A GPU waiting for recovery (``gpudra.driver.health_store`` keeps them)."""
+
     action: int
     since: float
     cause: str
@@ -264,7 +266,7 @@ class _DeviceView:
     application_since: float
     lost: _Flag | None
     unmonitored: _Flag | None
-    recovery: _Recovery | None
+    recovery: RecoveryRecord | None
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,7 @@ class HealthState:
     _application: Mapping[_Scope, _XidRecord] = field(default_factory=dict)
     _lost: Mapping[str, _Flag] = field(default_factory=dict)
     _unmonitored: Mapping[str, _Flag] = field(default_factory=dict)
-    _recovery: Mapping[str, _Recovery] = field(default_factory=dict)
+    _recovery: Mapping[str, RecoveryRecord] = field(default_factory=dict)
 
     # --- transitions ----------------------------------------------------------------------
 
@@ -317,7 +319,7 @@ class HealthState:
         cause = f"XID {event.xid}" + (" (the driver's recovery action)" if from_driver
                                       else " (NVIDIA's XID catalog)")
         return replace(after, _recovery=_with_recovery(self._recovery, event.gpu_uuid,
-                                                       _Recovery(needed, now, cause,
+                                                       RecoveryRecord(needed, now, cause,
                                                                  from_driver)))
 
     def _driver_recovery(self, event: RecoveryActionChanged, now: float) -> HealthState:
@@ -332,7 +334,7 @@ class HealthState:
                            _critical=_other_gpus(self._critical, event.gpu_uuid))
         cause = old.cause if old is not None else "the driver's recovery action"
         return replace(self, _recovery=_with_recovery(
-            self._recovery, event.gpu_uuid, _Recovery(event.action, now, cause, True)))
+            self._recovery, event.gpu_uuid, RecoveryRecord(event.action, now, cause, True)))
 
     def expire(self, now: float) -> HealthState:
         """Drop XID records whose quiet period has passed; ``self`` when nothing changes."""
@@ -379,6 +381,17 @@ class HealthState:
         return (_shown(self._critical), _shown(self._application),
                 frozenset(self._lost), frozenset(self._unmonitored),
                 frozenset((g, r.action, int(r.since)) for g, r in self._recovery.items()))
+
+    def recoveries(self) -> Mapping[str, RecoveryRecord]:
+        """GPU UUID → what it waits for, as kept across restarts."""
+        return self._recovery
+
+    def with_recoveries(self, records: Mapping[str, RecoveryRecord]) -> HealthState:
+        """This state with ``records`` (from before a restart) added."""
+        merged = dict(self._recovery)
+        for gpu, record in records.items():
+            merged[gpu] = merged.get(gpu, record)
+        return replace(self, _recovery=merged)
 
     def recovering(self) -> Mapping[str, str]:
         """GPU UUID → the recovery it waits for (``gpu-reset`` …)."""
@@ -444,7 +457,7 @@ class HealthState:
         return f"; clears after {quiet:g} s without another critical XID"
 
 
-def _recovery_message(recovery: _Recovery) -> str:
+def _recovery_message(recovery: RecoveryRecord) -> str:
     until = ("until the driver reports no recovery action pending" if recovery.from_driver
              else "until the GPU is seen again after a reset, or the daemon restarts "
                   "(this driver does not report recovery actions)")
@@ -452,19 +465,19 @@ def _recovery_message(recovery: _Recovery) -> str:
             f"({recovery.cause}); unschedulable {until}")
 
 
-def _with_recovery(records: Mapping[str, _Recovery], gpu: str,
-                   new: _Recovery) -> Mapping[str, _Recovery]:
+def _with_recovery(records: Mapping[str, RecoveryRecord], gpu: str,
+                   new: RecoveryRecord) -> Mapping[str, RecoveryRecord]:
     """``records`` with ``new`` for ``gpu``; one already there keeps its ``since`` (the
     taint's time) and counts as the driver's once either said so."""
     old = records.get(gpu)
     if old is not None:
-        new = _Recovery(new.action, old.since, new.cause, old.from_driver or new.from_driver)
+        new = RecoveryRecord(new.action, old.since, new.cause, old.from_driver or new.from_driver)
         if new == old:
             return records
     return {**records, gpu: new}
 
 
-def _without(records: Mapping[str, _Recovery], gpu: str) -> Mapping[str, _Recovery]:
+def _without(records: Mapping[str, RecoveryRecord], gpu: str) -> Mapping[str, RecoveryRecord]:
     return {g: r for g, r in records.items() if g != gpu}
 
 

@@ -34,6 +34,7 @@ from gpudra.driver.health import (
     HealthState,
     XidObserved,
 )
+from gpudra.driver.health_store import RecoveryStore
 from gpudra.driver.health_watcher import DEFAULT_PROBE_INTERVAL, DEFAULT_WAIT_MS, XidWatcher
 from gpudra.driver.metrics import DEVICE_TAINTS, GPU_RECOVERY_REQUIRED, XID_EVENTS
 from gpudra.driver.nvml import Nvml
@@ -62,14 +63,23 @@ class HealthMonitor:
         wait_ms: int = DEFAULT_WAIT_MS,
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
         clock: Callable[[], float] = time.time,
+        store: RecoveryStore | None = None,
     ) -> None:
+        """``store``: GPUs waiting for recovery are loaded from it and kept in it, so a
+        restart does not forget them (``gpudra.driver.health_store``)."""
         self._on_change = on_change
         self._clock = clock
         self._lock = threading.Lock()  # serialises transitions, not reads
+        self._store = store
         self._state = HealthState(policy)
+        if store is not None:
+            self._state = self._state.with_recoveries(store.load())
+            _record_recovery({}, self._state.recovering())
+        known = {gpu: r.action for gpu, r in self._state.recoveries().items() if r.from_driver}
         self._checked_at = clock()
         self._watcher = XidWatcher(nvml, gpu_uuids, self.observe, on_tick=self._tick,
-                                   wait_ms=wait_ms, probe_interval=probe_interval)
+                                   wait_ms=wait_ms, probe_interval=probe_interval,
+                                   known_actions=known)
 
     @property
     def state(self) -> HealthState:
@@ -137,6 +147,8 @@ class HealthMonitor:
         with self._lock:
             old = self._state
             new = self._state = step(old)
+            if self._store is not None and new.recoveries() != old.recoveries():
+                self._store.save(new.recoveries())  # under the lock: saves stay in order
         if new is not old and new.fingerprint() != old.fingerprint():
             _record_recovery(old.recovering(), new.recovering())
             self._on_change()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 
@@ -60,7 +60,10 @@ class XidWatcher:
         on_tick: Callable[[], None] | None = None,
         wait_ms: int = DEFAULT_WAIT_MS,
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
+        known_actions: Mapping[str, int] | None = None,
     ) -> None:
+        """``known_actions``: recovery actions the driver reported before a restart, so a
+        GPU reset meanwhile is reported (a first read is compared with them, else NONE)."""
         if wait_ms <= 0 or probe_interval <= 0:
             raise ValueError("wait_ms and probe_interval must be > 0")
         self._nvml = nvml
@@ -71,7 +74,8 @@ class XidWatcher:
         self._probe_interval = probe_interval
         self._lost: set[str] = set()
         self._unmonitored: set[str] = set()
-        self._actions: dict[str, int | None] = {}  # last recovery action read, per GPU
+        # The last recovery action read, per GPU (what it was before a restart, at first).
+        self._actions: dict[str, int | None] = dict(known_actions or {})
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -229,9 +229,11 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
     await _in_daemon_thread(_import_client_modules)
     from gpudra.controller.publisher import SlicePublisher
     from gpudra.driver.checkpoint_codec import CheckpointError
+    from gpudra.driver.checkpoint_store import current_boot_id
     from gpudra.driver.devices import NodeDevices
     from gpudra.driver.health import rfc3339
     from gpudra.driver.health_monitor import HealthMonitor
+    from gpudra.driver.health_store import RECOVERY_FILE, RecoveryStore
     from gpudra.driver.held import HELD_TAINT, summary, with_held_taints
     from gpudra.driver.nvml import NvmlUnavailable
     from gpudra.driver.usage import IdleTracker
@@ -317,8 +319,9 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
             loop.call_soon_threadsafe(refresh)
 
         state.gpus_returned = changed  # VFIO: GPUs back from a VM are published again
-        runtime.monitor = monitor = HealthMonitor(nvml, state.watched_gpus(), config.health,
-                                                  on_change=changed)
+        runtime.monitor = monitor = HealthMonitor(
+            nvml, state.watched_gpus(), config.health, on_change=changed,
+            store=RecoveryStore(config.paths.data_dir / RECOVERY_FILE, current_boot_id()))
         monitor.start()
         refresh()
         watching = monitor

@@ -111,3 +111,30 @@ async def test_a_1_36_kubelet_reads_the_same_over_v1alpha1(fake_api):
             watch.close()
         finally:
             await kubelet.close()
+
+
+async def test_a_gpu_waiting_for_recovery_is_still_unhealthy_after_a_daemon_restart(fake_api):
+    with node_daemon(fake_api, profile="l4-x4") as daemon:
+        daemon.start()
+        sim(daemon, "recovery-action", "--gpu", "2", "--action", "unsupported")  # old driver
+        kubelet = await KubeletEmulator.discover(daemon.registrar)
+        try:
+            watch = kubelet.watch_health()
+            await watch.wait_for(lambda s: healthy(s, *GPUS))
+            sim(daemon, "xid", "--gpu", "2", "--xid", "95")  # the catalog: needs a reset
+            await watch.wait_for(lambda s: s["gpu-2"].health == "Unhealthy")
+            watch.close()
+        finally:
+            await kubelet.close()
+        daemon.stop()  # an upgrade: nothing reset the GPU meanwhile
+        daemon.start()
+        kubelet = await KubeletEmulator.discover(daemon.registrar)
+        try:
+            watch = kubelet.watch_health()
+            first = await watch.next()  # the first list after the restart already says so
+            assert first["gpu-2"].health == "Unhealthy"
+            assert "needs gpu-reset" in first["gpu-2"].message
+            assert healthy(first, "gpu-0", "gpu-1", "gpu-3")
+            watch.close()
+        finally:
+            await kubelet.close()
