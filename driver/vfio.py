@@ -104,6 +104,9 @@ class VfioPassthrough:
             raise ClaimError(f"{where}: GPU {request.bus_id} has no IOMMU group: the kernel "
                              "runs without an IOMMU (intel_iommu=on / amd_iommu=on), so VFIO "
                              "cannot pass it through")
+        if not self.sysfs.driver_dir(VFIO_DRIVER).is_dir():
+            raise ClaimError(f"{where}: the vfio-pci driver is not loaded on this node "
+                             f"(no {self.sysfs.driver_dir(VFIO_DRIVER)}; modprobe vfio-pci)")
         if driver != NVIDIA_DRIVER:
             raise ClaimError(f"{where}: GPU {request.bus_id} is bound to "
                              f"{driver or 'no driver'}, not nvidia; gpudra passes through only "

@@ -201,6 +201,10 @@ def test_refusals_name_the_claim_and_change_nothing(node):
     on = passthrough(nvml, tmp)
     with pytest.raises(ClaimError, match="takes no opaque config"):
         on.plan(claim, request, None, True)
+    unloaded = on.sysfs.driver_dir("vfio-pci").rename(tmp / "vfio-pci-unloaded")
+    with pytest.raises(ClaimError, match=r"vfio-pci driver is not loaded .*modprobe vfio-pci"):
+        on.plan(claim, request, None, False)
+    unloaded.rename(on.sysfs.driver_dir("vfio-pci"))
     planned = on.plan(claim, request, None, False)
     assert planned.functions == [VfioFunction(bus_id=GPU0, previous_driver="nvidia",
                                               gpu_uuid=uuid)]
