@@ -56,7 +56,7 @@ def _request_lines(explanation: Explanation, summary: RequestSummary) -> list[st
     if trace is not None and trace.chosen and verdict_allocation is not None:
         names = ", ".join(d[2] for d in trace.chosen)
         lines.append(f"    chosen on {verdict_allocation.node}: {names}")
-    on = f" on {_plural(summary.nodes_matching, 'node')}" if many else ""
+    on = f" on {_plural(summary.nodes_matching, 'node')}" if many and summary.matching else ""
     lines.append(f"    {_plural(summary.matching, 'device')} usable{on}")
     if summary.conflicts:
         lines.append("    usable, but not chosen:")
