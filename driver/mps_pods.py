@@ -200,8 +200,10 @@ class MpsPods:
                     "imagePullPolicy": settings.pull_policy,
                     "command": ["gpudra"], "args": args,
                     # The GPUs' device nodes and a chroot into the driver root, as the
-                    # plugin container has them.
-                    "securityContext": {"privileged": True},
+                    # plugin container has them; a simulated node needs neither (and its
+                    # namespace need not admit privileged pods).
+                    **({} if settings.host_driver_root is None
+                       else {"securityContext": {"privileged": True}}),
                     "volumeMounts": mounts}],
                 "volumes": volumes}}
 
@@ -298,7 +300,7 @@ class MpsPods:
                     f"{phase(pod)}; {directory / 'pipe'} has "
                     f"{'a' if self._socket_pid(directory) else 'no'} live control socket)")
 
-    def remove(self, key: str, quit_daemon: Callable[[], None]) -> None:
+    def remove(self, key: str, quit_daemon: Callable[[], object]) -> None:
         """Tell the daemon to quit (its clients' servers end cleanly) when its pod runs,
         delete the pod, and wait until the API server no longer has it. Idempotent."""
         name = self.name(key)
