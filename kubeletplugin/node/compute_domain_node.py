@@ -29,8 +29,7 @@ many.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +37,7 @@ import structlog
 
 from gpudra.api.compute_domain import DRIVER_NAME
 from gpudra.kubeletplugin.node.api_access import ApiAccessError, api_session, check_api_access
+from gpudra.kubeletplugin.node.supervisor import RestartPolicy, RootTaskFailed, Supervisor
 from gpudra.kubeletplugin.serving.publish_gate import PublishGate
 from gpudra.kubeletplugin.serving.server import PluginServer
 
@@ -72,6 +72,7 @@ class ComputeDomainNodeConfig:
     daemons: int = 8
     registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
     shutdown_grace: float = 5.0
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
@@ -113,7 +114,9 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
                           config.pod_uid, preparer)
     publisher = SlicePublisher(api, driver=DRIVER_NAME, node_name=config.node_name)
     publisher.update(devices)
-    publishing: asyncio.Task[None] | None = None
+    # The publisher is a supervised root task, as in the GPU daemon: restarted with back-off
+    # when it dies (an API server slow to answer at start-up), fatal when it keeps dying.
+    supervisor = Supervisor(config.restarts)
     try:
         await server.start()
         gate = PublishGate(server.registration, config.registration_timeout,
@@ -123,22 +126,23 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
             await gate.wait()
             await publisher.run()
 
-        publishing = asyncio.create_task(publish(), name="publisher")
+        supervisor.start("publisher", publish)
         log.info("compute-domain node daemon running", node=config.node_name,
                  devices=len(devices.devices),
                  clique=None if fabric is None else f"{fabric.cluster_uuid}.{fabric.clique_id}")
         stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({publishing, stopping},
-                                     return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if publishing in done:
-            publishing.result()  # its error ends the daemon
+        failed = asyncio.create_task(supervisor.failed())
+        done, _ = await asyncio.wait({failed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopping, failed):
+            task.cancel()
+        if failed in done and not failed.cancelled():
+            try:
+                failed.result()
+            except RootTaskFailed as exc:
+                raise NodeDaemonError(str(exc)) from exc
     finally:
         await server.stop(config.shutdown_grace)
-        if publishing is not None:
-            publishing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await publishing
+        await supervisor.stop()
         await api.close()
 
 

@@ -172,11 +172,11 @@ class SimNode:
 
     # --- the kubelet's calls ----------------------------------------------------------------
 
-    def prepare(self, ref: ClaimRef) -> dict[str, Any]:
+    def prepare(self, ref: ClaimRef, driver: str = DRIVER_NAME) -> dict[str, Any]:
         async def call() -> dict[str, Any]:
             kubelet = await KubeletEmulator.discover(self.registrar)
             try:
-                return dict((await kubelet.prepare([ref], driver=DRIVER_NAME))[ref.uid])
+                return dict((await kubelet.prepare([ref], driver=driver))[ref.uid])
             finally:
                 await kubelet.close()
 

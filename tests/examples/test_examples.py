@@ -58,6 +58,10 @@ EXTENDED_RESOURCE = "extended-resource"
 # The one folder whose workload is a KubeVirt VM, not a Pod, on a node with the
 # PassthroughSupport gate: tests/integration/test_vfio.py runs it through the real daemon.
 VFIO_PASSTHROUGH = "vfio-passthrough"
+# The one folder whose channel claim template the controller makes (from the ComputeDomain)
+# and whose pods come from a Job: tests/integration/test_compute_domain_e2e.py runs it
+# through the real daemons and the controller.
+COMPUTE_DOMAIN = "compute-domain"
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +132,7 @@ def test_example_that_does_not_fit_says_why(path, profile, reason, capsys):
 
 # --- kubectl apply -f folder/ -----------------------------------------------------------
 
-@pytest.mark.parametrize("folder", sorted(set(_folders()) - {VFIO_PASSTHROUGH}))
+@pytest.mark.parametrize("folder", sorted(set(_folders()) - {VFIO_PASSTHROUGH, COMPUTE_DOMAIN}))
 def test_every_folder_has_pods_that_use_its_claims(folder):
     objects = folder_objects(EXAMPLES / folder)
     pods = [o for o in objects if o["kind"] == "Pod"]
@@ -184,7 +188,7 @@ def test_every_pod_of_the_folder_gets_the_expected_devices(path, profile, expect
 
 def test_every_case_folder_is_covered():
     covered = {path.split("/")[0] for path, _, _ in CASES}
-    assert covered == set(_folders()) - {EXTENDED_RESOURCE, VFIO_PASSTHROUGH}
+    assert covered == set(_folders()) - {EXTENDED_RESOURCE, VFIO_PASSTHROUGH, COMPUTE_DOMAIN}
 
 
 @pytest.mark.parametrize("folder", sorted(FLAGS))

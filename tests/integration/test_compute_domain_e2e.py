@@ -38,9 +38,11 @@ from gpudra.driver.cdi import spec_path
 from gpudra.testing.fakeapi import FakeApiServer
 from tests.compute_domains.harness import SimNode, published, until
 from tests.controller.compute_domains.harness import running
+from tests.examples.test_examples import EXAMPLES, folder_objects
 
 T = TypeVar("T")
 NODES = [f"gb-{i}" for i in range(4)]
+EXAMPLE = EXAMPLES / "compute-domain"
 NAMESPACE = "default"
 DRIVER_NAMESPACE = "gpudra-system"
 
@@ -82,6 +84,25 @@ def _schedule_daemon_pods(api: FakeApiServer, cluster: dict[str, SimNode],
                 {"name": ref["name"], "resourceClaimName": claim["metadata"]["name"]}]}},
             DRIVER_NAMESPACE)
         done.add(meta["name"])
+
+
+def _allocated(name: str, spec: dict[str, Any], node: str,
+               results: list[tuple[str, str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """A claim from a template's spec, allocated on ``node`` as the scheduler does it:
+    each result's binding conditions are the device's; configs from the claim."""
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec,
+        "status": {"allocation": {"devices": {
+            "results": [{"request": request, "driver": driver, "pool": node, "device": device,
+                         **{k: published[k] for k in ("bindingConditions",
+                                                      "bindingFailureConditions")
+                            if k in published}}
+                        for request, driver, device, published in results],
+            "config": [{"source": "FromClaim", **c}
+                       for c in spec["devices"].get("config") or []]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                "key": "metadata.name", "operator": "In", "values": [node]}]}]}}}}
 
 
 def _condition(api: FakeApiServer, claim: str, kind: str) -> str | None:
@@ -147,38 +168,37 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
         assert attrs["cliqueID"] == {"string": "9c6f5af3-53bf-49b5-a436-b66766c413c3.4026"}
         assert attrs["type"] == {"string": "channel"}
 
-    domain = fake_api.put({
-        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
-        "metadata": {"name": "training", "namespace": NAMESPACE},
-        "spec": {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "training-ch"},
-                                            "allocationMode": "Single"}}})
+    # examples/compute-domain/: the domain, the GPU claim template and the job's pods.
+    objects = {o["kind"]: o for o in folder_objects(EXAMPLE)}
+    domain = fake_api.put({**objects["ComputeDomain"],
+                           "metadata": {**objects["ComputeDomain"]["metadata"],
+                                        "namespace": NAMESPACE}})
     uid = domain["metadata"]["uid"]
+    gpu_template = objects["ResourceClaimTemplate"]
+    worker = objects["Job"]["spec"]["template"]
+    channel_template = until(
+        lambda: fake_api.get("ResourceClaimTemplate", "training-channel", NAMESPACE),
+        "the controller's channel claim template")
 
-    # The scheduler allocates one channel claim per node, binding conditions included.
+    # The resourceclaim controller makes each worker's claims from the templates; the
+    # scheduler allocates a channel per node (binding conditions copied from the device)
+    # and the node's 4 GPUs.
     refs: dict[str, ClaimRef] = {}
-    for node in NODES:
-        stored = fake_api.put({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"worker-{node}", "namespace": NAMESPACE},
-            "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
-                "deviceClassName": "compute-domain-default-channel.nvidia.com"}}],
-                "config": [{"requests": ["channel"], "opaque": {
-                    "driver": DRIVER_NAME, "parameters": channel_config(uid)}}]}},
-            "status": {"allocation": {"devices": {
-                "results": [{"request": "channel", "driver": DRIVER_NAME, "pool": node,
-                             "device": "channel-0",
-                             "bindingConditions": channels[node]["bindingConditions"],
-                             "bindingFailureConditions":
-                                 channels[node]["bindingFailureConditions"]}],
-                "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {
-                    "driver": DRIVER_NAME, "parameters": channel_config(uid)}}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
-                    "key": "metadata.name", "operator": "In", "values": [node]}]}]}}}})
+    gpu_refs: dict[str, ClaimRef] = {}
+    for i, node in enumerate(NODES):
+        stored = fake_api.put(_allocated(
+            f"training-{i}-imex-channel", channel_template["spec"]["spec"], node,
+            [("channel", DRIVER_NAME, "channel-0", channels[node])]))
         refs[node] = ClaimRef(NAMESPACE, stored["metadata"]["name"], stored["metadata"]["uid"])
+        stored = fake_api.put(_allocated(
+            f"training-{i}-gpus", gpu_template["spec"]["spec"], node,
+            [("gpus", "gpu.nvidia.com", f"gpu-{n}", {}) for n in range(4)]))
+        gpu_refs[node] = ClaimRef(NAMESPACE, stored["metadata"]["name"],
+                                  stored["metadata"]["uid"])
 
     # Before its daemon is Ready a channel prepare is refused, naming claim and domain.
     early = cluster[0].prepare(refs[NODES[0]])
-    assert early["error"].startswith(f"claim {NAMESPACE}/worker-{NODES[0]}")
+    assert early["error"].startswith(f"claim {NAMESPACE}/training-0-imex-channel")
     assert "ComputeDomain" in early["error"] and uid in early["error"]
 
     # The controller's daemon pods (scheduled here) join each node to the domain.
@@ -210,23 +230,30 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
     for node in NODES:
         until(lambda node=node: _condition(fake_api, refs[node].name, CONDITION_READY)
               == "True", f"ComputeDomainReady on {node}'s claim")
-    for node, sim_node in zip(NODES, cluster, strict=True):
+    for i, (node, sim_node) in enumerate(zip(NODES, cluster, strict=True)):
         answer = sim_node.prepare(refs[node])
         assert answer["error"] == "", answer
         (device,) = answer["devices"]
         assert device["device_name"] == "channel-0"
-        spec = json.loads(spec_path(sim_node.base / "cdi", DRIVER_NAME,
+        spec = json.loads(spec_path(sim_node.cdi_root, DRIVER_NAME,
                                     refs[node].uid).read_text())
         paths = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
         assert paths == ["/dev/nvidia-caps-imex-channels/channel0"]
+        gpus = sim_node.prepare(gpu_refs[node], driver="gpu.nvidia.com")
+        assert gpus["error"] == "" and len(gpus["devices"]) == 4, gpus
+        # The job's worker, bound to the node; its command is a local one (no image here).
+        container = {**worker["spec"]["containers"][0],
+                     "command": [sys.executable, "-c", "import time; time.sleep(600)"]}
         fake_api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"worker-{node}", "namespace": NAMESPACE},
-            "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
-                "name": "w", "image": "x", "command": [sys.executable, "-c",
-                                                       "import time; time.sleep(600)"]}]}})
-    for node, sim_node in zip(NODES, cluster, strict=True):
+            "name": f"training-{i}", "namespace": NAMESPACE,
+            "labels": worker["metadata"]["labels"]},
+            "spec": {**worker["spec"], "nodeName": node, "containers": [container]},
+            "status": {"resourceClaimStatuses": [
+                {"name": "imex-channel", "resourceClaimName": refs[node].name},
+                {"name": "gpus", "resourceClaimName": gpu_refs[node].name}]}})
+    for i, sim_node in enumerate(cluster):
         assert sim_node.runner is not None
-        sim_node.runner.wait_running(NAMESPACE, f"worker-{node}")
+        sim_node.runner.wait_running(NAMESPACE, f"training-{i}")
 
     # One IMEX daemon crashes (and keeps crashing when started again): its node and every
     # peer say NotReady in the domain's status, and the claims are told.
@@ -261,7 +288,7 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
     # Leaving: the workload's claim is unprepared, the daemon pod deleted; its entry goes.
     assert crashed.unprepare(refs[crashed.name])["error"] == ""
     assert not spec_path(crashed.base / "cdi", DRIVER_NAME, refs[crashed.name].uid).exists()
-    fake_api.delete("Pod", f"worker-{crashed.name}", NAMESPACE)
+    fake_api.delete("Pod", f"training-{NODES.index(crashed.name)}", NAMESPACE)
     fake_api.delete("ResourceClaim", refs[crashed.name].name, NAMESPACE)
     # No channel claim of the domain on that node any more: the controller removes the
     # daemon pod, whose daemon takes its entry out on SIGTERM.
