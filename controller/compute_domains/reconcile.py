@@ -137,6 +137,14 @@ class Controller:
 
     def _template_changed(self, old: Obj | None, new: Obj | None) -> None:
         self._labelled(self._templates_of, old, new)
+        if new is None and old is not None:
+            # A name freed (a deleted domain's template, or someone else's) may be the one
+            # a domain of that namespace is waiting to create (one made again under the
+            # same name).
+            namespace = key_of(old)[0]
+            for uid, key in list(self._domain_key.items()):
+                if key[0] == namespace:
+                    self.enqueue(uid)
 
     # --- the queue ---------------------------------------------------------------------
 

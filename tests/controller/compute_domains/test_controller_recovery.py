@@ -14,6 +14,7 @@ from tests.controller.compute_domains.harness import (
     condition,
     create_domain,
     daemon_pods,
+    delete_domain,
     running,
     upsert_node_entry,
     wait_for,
@@ -91,3 +92,38 @@ def test_a_crash_looping_daemon_fails_its_claim_and_unready_its_domain(
         assert "CrashLoopBackOff" in failed["message"] and "unreachable" in failed["message"]
         wait_for("NotReady", lambda: ((api.get("ComputeDomain", "loop", "team") or {})
                                       .get("status") or {}).get("status") == "NotReady")
+
+
+def test_a_domain_made_again_under_its_name_gets_its_own_template(api: FakeApiServer,
+                                                                  tmp_path: Path) -> None:
+    with running(api, tmp_path):
+        first = create_domain(api, "again")
+        wait_for("first template", lambda: api.get("ResourceClaimTemplate", "again-channel",
+                                                    "team"))
+        delete_domain(api, "again")
+        second = create_domain(api, "again")
+        assert second["metadata"]["uid"] != first["metadata"]["uid"]
+        template = wait_for("the new domain's template", lambda: (
+            t := api.get("ResourceClaimTemplate", "again-channel", "team")) and
+            t["metadata"]["labels"][cd.LABEL_DOMAIN] == second["metadata"]["uid"] and t)
+        params = template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert params["domainID"] == second["metadata"]["uid"]
+
+
+def test_a_template_name_taken_by_someone_else_is_left_alone_until_freed(
+        api: FakeApiServer, tmp_path: Path) -> None:
+    theirs = api.put({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                      "metadata": {"name": "taken-channel", "namespace": "team"},
+                      "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                          "deviceClassName": "gpu.nvidia.com"}}]}}}})
+    with running(api, tmp_path) as proc:
+        domain = create_domain(api, "taken")
+        uid = domain["metadata"]["uid"]
+        wait_for("the daemon template", lambda: api.get("ResourceClaimTemplate", f"imex-{uid}",
+                                                        DRIVER_NS))
+        wait_for("the refusal logged", lambda: "not touching it" in proc.output())
+        assert api.get("ResourceClaimTemplate", "taken-channel", "team") == theirs
+        api.delete("ResourceClaimTemplate", "taken-channel", "team")
+        wait_for("the domain's own template", lambda: (
+            t := api.get("ResourceClaimTemplate", "taken-channel", "team")) and
+            t["metadata"].get("labels", {}).get(cd.LABEL_DOMAIN) == uid)
