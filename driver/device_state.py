@@ -199,6 +199,13 @@ class DeviceState:
         """MIG devices prepared claims hold: published as dynamic, not as static MIG."""
         return owned_mig_uuids(self.store.load())
 
+    def passed_through(self) -> frozenset[str]:
+        """GPUs claims hold on ``vfio-pci`` (or are moving there or back): NVML cannot see
+        them on purpose. One checkpoint read (cached until the file changes)."""
+        return frozenset(f.gpu_uuid for r in self.store.load().claims.values()
+                         for d in r.devices if d.vfio is not None
+                         for f in d.vfio.functions if f.gpu_uuid is not None)
+
     def records(self) -> Mapping[str, ClaimRecord]:
         """Every claim the checkpoint holds now, started or prepared, by uid."""
         return self.store.load().claims

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import TracebackType
 
 import structlog
@@ -64,9 +64,11 @@ class HealthMonitor:
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
         clock: Callable[[], float] = time.time,
         store: RecoveryStore | None = None,
+        away: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """``store``: GPUs waiting for recovery are loaded from it and kept in it, so a
-        restart does not forget them (``gpudra.driver.health_store``)."""
+        restart does not forget them (``gpudra.driver.health_store``). ``away``: GPUs
+        passed through to VMs now, reported unmonitored rather than lost."""
         self._on_change = on_change
         self._clock = clock
         self._lock = threading.Lock()  # serialises transitions, not reads
@@ -79,7 +81,7 @@ class HealthMonitor:
         self._checked_at = clock()
         self._watcher = XidWatcher(nvml, gpu_uuids, self.observe, on_tick=self._tick,
                                    wait_ms=wait_ms, probe_interval=probe_interval,
-                                   known_actions=known)
+                                   known_actions=known, away=away)
 
     @property
     def state(self) -> HealthState:

@@ -9,6 +9,10 @@ so every GPU is probed), and a periodic cheap probe of every GPU (real NVML does
 fail the wait). A lost GPU is taken out of the event set (it would fail every wait and
 blind the watcher to the others) and put back once it answers again.
 
+A GPU passed through to a VM (``away``: bound to ``vfio-pci`` for a claim) is gone from NVML
+on purpose: it is neither probed nor registered, and is reported unmonitored (its health is
+the VM's driver's business), never lost; it is watched again once it is back.
+
 The same probe reads NVML's GPU recovery action (where the driver offers it) and reports each
 change, at start too: a GPU the driver still wants reset after a daemon restart is reported
 without an XID. A GPU waiting for recovery is re-read after every wait slice, so it is back
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import structlog
 
@@ -61,11 +65,16 @@ class XidWatcher:
         wait_ms: int = DEFAULT_WAIT_MS,
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
         known_actions: Mapping[str, int] | None = None,
+        away: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """``known_actions``: recovery actions the driver reported before a restart, so a
-        GPU reset meanwhile is reported (a first read is compared with them, else NONE)."""
+        GPU reset meanwhile is reported (a first read is compared with them, else NONE).
+        ``away``: the GPUs passed through to VMs now (read at each probe)."""
         if wait_ms <= 0 or probe_interval <= 0:
             raise ValueError("wait_ms and probe_interval must be > 0")
+        self._away = away
+        self._gone: frozenset[str] = frozenset()
+        """``away()`` at the last probe."""
         self._nvml = nvml
         self._gpus = tuple(dict.fromkeys(gpu_uuids))
         self._on_event = on_event
@@ -154,7 +163,7 @@ class XidWatcher:
         """A new event set with every GPU that is not lost registered for XIDs."""
         event_set = self._nvml.create_event_set()
         for uuid in self._gpus:
-            if uuid in self._lost:
+            if uuid in self._lost or uuid in self._gone:
                 continue
             try:
                 registered = self._nvml.register_xid_events(event_set, uuid)
@@ -189,9 +198,12 @@ class XidWatcher:
             log.warning("freeing an NVML event set failed", error=str(exc))
 
     def _probe(self) -> bool:
-        """Probe every GPU; report and return whether any GPU's lost state changed."""
-        changed = False
+        """Probe every GPU; report and return whether any GPU's lost state changed (or a GPU
+        went to a VM or came back)."""
+        changed = self._passed_through()
         for uuid in self._gpus:
+            if uuid in self._gone:
+                continue
             try:
                 lost = self._nvml.gpu_is_lost(uuid)
             except Exception as exc:  # a probe must not kill the watcher
@@ -202,12 +214,30 @@ class XidWatcher:
                 self._read_action(uuid)
         return changed
 
+    def _passed_through(self) -> bool:
+        """Read which GPUs are with a VM; whether that changed."""
+        try:
+            gone = frozenset(self._away())
+        except Exception as exc:  # a probe must not kill the watcher
+            log.warning("reading the GPUs passed through to VMs failed", error=str(exc))
+            return False
+        if gone == self._gone:
+            return False
+        for uuid in gone - self._gone:
+            if uuid in self._gpus:
+                self._set_lost(uuid, False)  # not lost: given away
+                self._set_monitored(uuid, False, "passed through to a VM (vfio-pci): its "
+                                                 "health is the VM's driver's")
+        self._gone = gone
+        return True
+
     def _recheck_recovering(self) -> None:
         """Re-read the action of GPUs waiting for recovery after every wait slice, not only
         at the probe: a reset raises no XID, and the GPU should be back as soon as the
         driver says so. One field read per such GPU; healthy GPUs wait for the probe."""
         for uuid, action in list(self._actions.items()):
-            if action is not None and action != NONE and uuid not in self._lost:
+            if action is not None and action != NONE and uuid not in self._lost \
+                    and uuid not in self._gone:
                 self._read_action(uuid)
 
     def _read_action(self, uuid: str) -> int | None:

@@ -321,7 +321,8 @@ async def _start_node(config: NodeConfig, runtime: _Runtime, connection: Connect
         state.gpus_returned = changed  # VFIO: GPUs back from a VM are published again
         runtime.monitor = monitor = HealthMonitor(
             nvml, state.watched_gpus(), config.health, on_change=changed,
-            store=RecoveryStore(config.paths.data_dir / RECOVERY_FILE, current_boot_id()))
+            store=RecoveryStore(config.paths.data_dir / RECOVERY_FILE, current_boot_id()),
+            away=state.passed_through)  # VFIO: a VM's GPU is not lost
         monitor.start()
         refresh()
         watching = monitor

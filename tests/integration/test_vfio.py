@@ -301,3 +301,25 @@ async def test_the_kubevirt_example_gets_a_gpu_through_its_claim(daemon, fake_ap
         assert sysfs(daemon).driver(BUS[0]) == "vfio-pci"
         assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
     assert sysfs(daemon).driver(BUS[0]) == "nvidia" and nvml_sees(daemon, 0)
+
+
+def taints(fake_api: FakeApiServer, device: str) -> set[str]:
+    return {t["key"] for t in published(fake_api).get(device, {}).get("taints", [])}
+
+
+async def test_a_gpu_with_a_vm_is_unmonitored_not_lost(daemon, fake_api):
+    """NVML cannot see a GPU on vfio-pci; the health watcher knows why: no gpu-lost taint,
+    no "GPU is lost" error, but unmonitored (its health is the VM's) until it is back."""
+    ref = vfio_claim(fake_api, "vm", 1)
+    daemon.start()
+    async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+        assert (await kubelet.prepare([ref]))[ref.uid]["error"] == ""
+        await eventually(lambda: "gpu.nvidia.com/unmonitored" in taints(fake_api, "gpu-vfio-1"),
+                         "the VM's GPU reported unmonitored")
+        assert "gpu.nvidia.com/gpu-lost" not in taints(fake_api, "gpu-vfio-1")
+        assert not taints(fake_api, "gpu-vfio-0")  # the others are watched as before
+        assert (await kubelet.unprepare([ref]))[ref.uid]["error"] == ""
+    await eventually(lambda: not taints(fake_api, "gpu-vfio-1"), "GPU 1 watched again",
+                     seconds=30)
+    lost = [e for e in daemon.events() if e.get("event") == "GPU is lost (NVML GPU_IS_LOST)"]
+    assert lost == []
