@@ -302,7 +302,13 @@ class MpsManager:
 
     def claim_uids(self) -> list[str]:
         """Claims that have a daemon directory (running or not), or a pod."""
-        found = set(self.pods.keys()) if self.pods is not None else set()
+        found: set[str] = set()
+        if self.pods is not None:
+            try:
+                found = set(self.pods.keys())
+            except CommandError as exc:  # the API server: pods of no directory wait
+                log.error("cannot list this node's MPS control daemon pods; those of GPUs "
+                          "without shares are deleted at a later start", error=str(exc))
         if self.base_dir.is_dir():
             found |= {p.name for p in self.base_dir.iterdir() if p.is_dir()}
         return sorted(found)
@@ -331,7 +337,13 @@ class MpsManager:
                 log.info("stopped MPS control daemon of a claim that is not prepared", claim=uid)
                 report.stopped.append(uid)
         for uid, claim in sorted(wanted.items()):
-            pid = self.running_pid(uid)
+            try:
+                pid = self.running_pid(uid)
+            except CommandError as exc:  # its pod cannot be read: neither adopted nor made
+                log.error("cannot tell whether a prepared claim's MPS control daemon runs",
+                          claim=claim.ref, where=self.where(uid), error=str(exc))
+                report.failed.append(uid)
+                continue
             if pid is not None:
                 log.info("re-adopted MPS control daemon", claim=claim.ref, pid=pid,
                          where=self.where(uid))

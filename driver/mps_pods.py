@@ -210,12 +210,18 @@ class MpsPods:
     # --- finding ------------------------------------------------------------------------------
 
     def find(self, key: str) -> Obj | None:
-        return self.api.get(self.name(key))
+        name = self.name(key)
+        found: Obj | None = self._api(lambda: self.api.get(name),
+                                      f"get pod {self.namespace}/{name}")
+        return found
 
     def keys(self) -> dict[str, str]:
         """Daemon key → pod name of every control daemon pod of this node and driver."""
         found = {}
-        for pod in self.api.list_on_node(self.settings.node):
+        node = self.settings.node
+        listed: list[Obj] = self._api(lambda: self.api.list_on_node(node),
+                                      f"list pods of node {node} in {self.namespace}")
+        for pod in listed:
             meta = pod.get("metadata") or {}
             labels = meta.get("labels") or {}
             key = labels.get(self._label_prefix + "mps-daemon")

@@ -174,3 +174,20 @@ def test_a_long_node_name_still_makes_valid_names_and_labels(pod_api):
     assert len(value) <= 63 and value != node
     assert pods.name(KEY) != MpsPods(pod_api, MpsPodSettings(
         driver="gpu.nvidia.com", node=node + "x", image="x")).name(KEY)
+
+
+def test_an_api_server_that_does_not_answer_at_start_up_stops_nothing(tmp_path, api, pod_api,
+                                                                      runner):
+    mps = manager(tmp_path, pod_api)
+    mps.start(KEY, [GPU], [])
+    name = pod_name(NODE, KEY)
+    pid = runner.pid(NS, name)
+    api.fail_next(2, 500, resource="pods")  # the start-up list, then the pod's get
+    again = manager(tmp_path, pod_api)
+    report = again.reconcile({KEY: MpsClaim(ref="shared GPU", uuids=(GPU,), commands=())})
+    assert report.failed == [KEY] and not report.stopped and not report.restarted
+    assert runner.pid(NS, name) == pid  # nothing stopped, nothing made
+    later = manager(tmp_path, pod_api).reconcile(
+        {KEY: MpsClaim(ref="shared GPU", uuids=(GPU,), commands=())})
+    assert later.adopted == {KEY: pid}
+    again.stop(KEY)
