@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`gpudra.kube.raw_api`'s constants on purpose: the controller runs
 under its own ServiceAccount and Role, and the chart's RBAC test for it records what the
-running controller calls (``tests/deploy/test_compute_domain_rbac.py``).
+running controller calls (``tests/deploy/test_compute_domain_chart.py``).
 """
 
 from __future__ import annotations
