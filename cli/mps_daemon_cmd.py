@@ -44,9 +44,8 @@ def add_parser(sub: Any) -> None:
 
 def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The argv and environment the daemon runs with (what :func:`run` executes)."""
+    # Only what the daemon needs: this runs at every start of a daemon's pod.
     from gpudra.driver import mps_process
-    from gpudra.driver.commands import CommandError, HostCommandRunner
-    from gpudra.driver.mps import CONTROL
 
     for flag, path in (("--pipe-dir", args.pipe_dir), ("--log-dir", args.log_dir)):
         if not path.is_absolute():
@@ -69,8 +68,10 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if args.simulate:
         return [sys.executable, "-IS", str(mps_process.SIM_CONTROL), str(args.pipe_dir),
                 str(args.log_dir)], env
+    from gpudra.driver.commands import CommandError, HostCommandRunner
+
     try:
-        return HostCommandRunner(args.driver_root).command([CONTROL, "-f"], env)
+        return HostCommandRunner(args.driver_root).command([mps_process.CONTROL, "-f"], env)
     except CommandError as exc:
         raise CliError(str(exc)) from exc
 

@@ -40,7 +40,7 @@ from gpudra.driver.paths import child_path, remove_tree
 
 log = structlog.get_logger(__name__)
 
-CONTROL = "nvidia-cuda-mps-control"
+CONTROL = mps_process.CONTROL
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_LOG_DIR = "/var/log/nvidia-mps"
 CONTAINER_SHM_DIR = "/dev/shm"

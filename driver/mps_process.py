@@ -27,6 +27,9 @@ SIM_CONTROL = Path(__file__).resolve().parent / "sim" / "mps_daemon.py"
 """The simulated control daemon, run as a script: ``-m`` would import the simulator package
 (and pynvml) first, about 170 modules where the script needs 35, a cost the real binary
 does not have."""
+CONTROL = "nvidia-cuda-mps-control"
+"""The control binary (here, not in :mod:`gpudra.driver.mps`: the command of a daemon's pod
+needs it without that module's imports)."""
 OWNER_ENV = "GPUDRA_MPS_OWNER"
 """Set in a control daemon's environment to :func:`owner_mark` of its claim directory."""
 PROC = Path("/proc")
