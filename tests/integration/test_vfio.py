@@ -180,8 +180,9 @@ async def test_the_iommu_group_is_taken_whole(daemon, fake_api):
 
 
 PREPARE_CRASHES = ("prepare:after-started", "prepare:after-vfio-unbind",
-                   "prepare:after-vfio-bind", "prepare:after-cdi-write",
-                   "prepare:after-cdi-sync")
+                   "prepare:after-vfio-bind", "prepare:after-settings",
+                   "prepare:after-cdi-write", "prepare:after-cdi-sync")
+"""Every crash point a vfio claim's prepare passes, in order."""
 
 
 @pytest.mark.parametrize("point", PREPARE_CRASHES)
@@ -209,7 +210,9 @@ async def test_a_crash_while_preparing_is_rolled_back_at_start(daemon, fake_api,
 
 
 UNPREPARE_CRASHES = ("unprepare:after-vfio-unbind", "unprepare:after-vfio-rebind",
+                     "unprepare:after-settings-restored", "unprepare:after-mig-destroy",
                      "unprepare:after-cdi-remove")
+"""Every crash point a vfio claim's unprepare passes, in order."""
 
 
 @pytest.mark.parametrize("point", UNPREPARE_CRASHES)
