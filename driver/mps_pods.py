@@ -170,9 +170,13 @@ class MpsPods:
         volumes: list[Obj] = [
             {"name": "mps", "hostPath": {"path": str(directory), "type": "Directory"}},
             {"name": "shm", "hostPath": {"path": str(shm), "type": "Directory"}}]
+        # tini as PID 1 on a real node, as in the plugin's pod: it passes the kubelet's
+        # SIGTERM on and reaps whatever the daemon leaves (the simulated one leaves nothing).
+        command = ["gpudra"]
         if settings.host_driver_root is None:
             args.append("--simulate")
         else:
+            command = ["/usr/bin/tini", "--", "gpudra"]
             args.append(f"--driver-root={DRIVER_ROOT_MOUNT}")
             mounts.append({"name": "driver-root", "mountPath": DRIVER_ROOT_MOUNT,
                            "readOnly": True, "mountPropagation": "HostToContainer"})
@@ -191,19 +195,24 @@ class MpsPods:
                 # It talks to no API server, and nothing of the cluster's should reach it.
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
-                "terminationGracePeriodSeconds": 30,
+                # It has been told to quit before its pod is deleted; a daemon that did not
+                # answer is killed well inside the wait for the deletion (start_timeout).
+                "terminationGracePeriodSeconds": 10,
                 # Whatever taints the node or its GPUs get, the daemon its clients depend on
                 # stays until its last share is gone.
                 "tolerations": [{"operator": "Exists"}],
                 "containers": [{
                     "name": CONTAINER, "image": settings.image,
                     "imagePullPolicy": settings.pull_policy,
-                    "command": ["gpudra"], "args": args,
+                    "command": command, "args": args,
                     # The GPUs' device nodes and a chroot into the driver root, as the
                     # plugin container has them; a simulated node needs neither (and its
                     # namespace need not admit privileged pods).
                     **({} if settings.host_driver_root is None
                        else {"securityContext": {"privileged": True}}),
+                    # Requests, so the pod is not BestEffort: the first evicted under
+                    # memory pressure would be the daemon every share of the GPU uses.
+                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
                     "volumeMounts": mounts}],
                 "volumes": volumes}}
 

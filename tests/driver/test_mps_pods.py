@@ -149,7 +149,7 @@ def test_a_real_nodes_pod_mounts_the_driver_root_and_is_privileged(tmp_path, pod
                                            image="gpudra:1", host_driver_root=Path("/")))
     pod = pods.pod_for(KEY, tmp_path / KEY, [GPU])
     [container] = pod["spec"]["containers"]
-    assert container["command"] == ["gpudra"]
+    assert container["command"] == ["/usr/bin/tini", "--", "gpudra"]
     assert container["args"] == [
         "mps-control-daemon", f"--pipe-dir={tmp_path / KEY / 'pipe'}",
         f"--log-dir={tmp_path / KEY / 'log'}", f"--gpu-uuid={GPU}",
