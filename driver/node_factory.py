@@ -115,6 +115,7 @@ def build_device_state(setup: NodeSetup, nvml: Nvml,
     # Held MIG devices count as ours too: their GPU stays dynamic, the held slices tainted.
     cp = store.load()
     inventory = vfio_setup.with_passed_through(read_inventory(nvml, pcie_root=resolver), cp)
+    vfio_setup.warn_unowned(passthrough, cp)
     view = NodeView.build(setup.pool, inventory, replace(
         options, owned_mig_uuids=owned_mig_uuids(cp) | held_mig_uuids(held)))
     _warn_unavailable(inventory, report.unavailable_gpus, cp.claims)

@@ -14,7 +14,7 @@ from gpudra.driver.inventory import NodeInventory
 from gpudra.driver.nvml import Nvml, UnreadableGpu
 from gpudra.driver.vfio import GATE, VfioPassthrough
 from gpudra.driver.vfio_model import VfioOffer, device_minor
-from gpudra.driver.vfio_sysfs import PciSysfs, sysfs_bus_id
+from gpudra.driver.vfio_sysfs import VFIO_DRIVER, PciSysfs, sysfs_bus_id
 
 if TYPE_CHECKING:
     from gpudra.driver.node_factory import NodeSetup
@@ -82,6 +82,26 @@ def with_passed_through(inventory: NodeInventory, cp: Checkpoint) -> NodeInvento
     if not held:
         return inventory
     return replace(inventory, unavailable=inventory.unavailable + tuple(held))
+
+
+def warn_unowned(vfio: VfioPassthrough | None, cp: Checkpoint) -> None:
+    """Say which NVIDIA functions sit on ``vfio-pci`` with no claim of ours: an admin's
+    passthrough, or ours from before a lost checkpoint. Left as they are (what the daemon
+    cannot attribute it never changes); the admin gives them back."""
+    if vfio is None:
+        return
+    ours = {f.bus_id for r in cp.claims.values() for d in r.devices if d.vfio is not None
+            for f in d.vfio.functions}
+    try:
+        unowned = [bus for bus in vfio.sysfs.functions(NVIDIA_VENDOR)
+                   if bus not in ours and vfio.sysfs.driver(bus) == VFIO_DRIVER]
+    except OSError as exc:
+        log.warning("cannot read which PCI functions are bound to vfio-pci", error=str(exc))
+        return
+    if unowned:
+        log.warning("NVIDIA PCI functions are bound to vfio-pci but no claim of this node "
+                    "holds them: left as they are (see examples/vfio-passthrough, Known "
+                    "limits, to give them back)", functions=unowned)
 
 
 def _minor(device: str) -> int | None:

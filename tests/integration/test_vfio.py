@@ -326,3 +326,20 @@ async def test_a_gpu_with_a_vm_is_unmonitored_not_lost(daemon, fake_api):
                      seconds=30)
     lost = [e for e in daemon.events() if e.get("event") == "GPU is lost (NVML GPU_IS_LOST)"]
     assert lost == []
+
+
+async def test_a_gpu_on_vfio_pci_that_no_claim_holds_is_named_and_left_alone(daemon, fake_api):
+    daemon.start()  # lays out the simulated sysfs
+    daemon.stop()
+    sysfs = PciSysfs(daemon.sim_state / "sys")
+    from gpudra.driver.sim.pci import SimPciSysfs
+
+    kernel = SimPciSysfs(daemon.sim_state, daemon.base / "admin-dev")
+    kernel.unbind(BUS[2])  # an admin's passthrough, outside gpudra
+    kernel.bind(BUS[2], "vfio-pci")
+    daemon.start()
+    [warning] = [e for e in daemon.events()[1:] if "no claim of this node" in e.get("event", "")]
+    assert warning["functions"] == [BUS[2]]
+    assert sysfs.driver(BUS[2]) == "vfio-pci"  # not ours to change
+    await eventually(lambda: "gpu-0" in published(fake_api), "GPUs published")
+    assert "gpu-2" not in published(fake_api)  # NVML cannot see it: nobody is offered it
