@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.deploy.test_chart import (
     APP_VERSION,
     NAMESPACE,
@@ -15,6 +17,7 @@ from tests.deploy.test_chart import (
     objects,
     of_kind,
     one,
+    validate,
 )
 
 # RawApi method -> Kubernetes verb
@@ -60,3 +63,18 @@ def test_the_daemon_is_told_to_run_mps_daemons_in_pods_of_its_image_and_namespac
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     args = _daemon_args("default")
     assert (args.mps_daemons, args.mps_image) == ("pod", c["image"])
+
+
+@pytest.mark.parametrize("driver_root", [None, Path("/"), Path("/home/kubernetes/bin/nvidia")])
+def test_the_mps_pod_the_daemon_creates_is_valid_kubernetes(driver_root):
+    from gpudra.driver.mps_pods import MpsPods, MpsPodSettings
+
+    class Namespace:  # MpsPods reads only the namespace to build a pod
+        namespace = NAMESPACE
+
+    pods = MpsPods(Namespace(), MpsPodSettings(  # type: ignore[arg-type]
+        driver="gpu.nvidia.com", node="node-1", image="ghcr.io/gpudra/gpudra:1",
+        host_driver_root=driver_root))
+    key = "shared-GPU-0e28b000-a0de-5f95-b779-b62b667efcfa"
+    validate(pods.pod_for(key, Path("/var/lib/kubelet/plugins/gpu.nvidia.com/mps") / key,
+                          ["GPU-0e28b000-a0de-5f95-b779-b62b667efcfa"]))
