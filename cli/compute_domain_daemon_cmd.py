@@ -31,10 +31,12 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--sim-address", default=env("GPUDRA_SIM_NODE_ADDRESS"),
                         help="a simulated node's own address, replacing --address (every "
                              "simulated pod has 127.0.0.1; env GPUDRA_SIM_NODE_ADDRESS)")
-    parser.add_argument("--imex-root", type=Path,
-                        default=env("GPUDRA_IMEX_ROOT", "/etc/nvidia-imex-domains"),
-                        help="where the domain's IMEX config directory is (<root>/<uid>; env "
-                             "GPUDRA_IMEX_ROOT)")
+    parser.add_argument("--imex-dir", type=Path, default=env("IMEX_CONFIG_DIR"),
+                        help="the domain's IMEX config directory (env IMEX_CONFIG_DIR, which "
+                             "the daemon claim's CDI spec sets; default /etc/nvidia-imex)")
+    parser.add_argument("--imex-root", type=Path, default=env("GPUDRA_IMEX_ROOT"),
+                        help="a simulated node's per-domain directories: the domain's is "
+                             "<root>/<uid> (env GPUDRA_IMEX_ROOT; pods run without CDI there)")
     parser.add_argument("--imex-binary", default=env("IMEX_BINARY", "nvidia-imex"))
     parser.add_argument("--imex-ctl", default=env("IMEX_CTL", "nvidia-imex-ctl"))
     parser.add_argument("--interval", type=float, default=0.5,
@@ -107,7 +109,7 @@ async def _main(args: argparse.Namespace, *, uid: str, namespace: str, name: str
     session = api_session(connection)
     workload = ImexWorkload(WorkloadConfig(
         domain_uid=uid, domain_namespace=namespace, domain_name=name, node=node,
-        address=address, imex_root=args.imex_root, clique=clique_id(fabric),
+        address=address, imex_dir=_imex_dir(args, uid), clique=clique_id(fabric),
         imex_command=command, query=query, interval=args.interval), RawApi(session))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -120,3 +122,13 @@ async def _main(args: argparse.Namespace, *, uid: str, namespace: str, name: str
     finally:
         await session.close()
     return 0
+
+
+def _imex_dir(args: argparse.Namespace, uid: str) -> Path:
+    from gpudra.driver.compute_domain_imex import CONTAINER_DIR, domain_dir
+
+    if args.imex_dir is not None:
+        return Path(args.imex_dir)
+    if args.imex_root is not None:
+        return domain_dir(args.imex_root, uid)
+    return Path(CONTAINER_DIR)

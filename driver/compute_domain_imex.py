@@ -45,7 +45,11 @@ def config_text(port: int = SERVER_PORT) -> str:
 
 def write_config(root: Path, domain_uid: str, port: int = SERVER_PORT) -> Path:
     """Create the domain's directory and its config.cfg (idempotent); returns the directory."""
-    where = domain_dir(root, domain_uid)
+    return write_config_in(domain_dir(root, domain_uid), port)
+
+
+def write_config_in(where: Path, port: int = SERVER_PORT) -> Path:
+    """config.cfg (and an empty nodes config) in the domain directory ``where``."""
     make_dirs(where, DIR_MODE)
     _replace(where / CONFIG, config_text(port))
     if not (where / NODES_CONFIG).exists():
@@ -56,8 +60,12 @@ def write_config(root: Path, domain_uid: str, port: int = SERVER_PORT) -> Path:
 def write_nodes(root: Path, domain_uid: str, addresses: Sequence[str]) -> bool:
     """Replace the nodes config with ``addresses`` (validated IPs, sorted, once each);
     True when it changed."""
+    return write_nodes_in(domain_dir(root, domain_uid), addresses)
+
+
+def write_nodes_in(where: Path, addresses: Sequence[str]) -> bool:
+    """:func:`write_nodes` in the domain directory ``where``."""
     checked = sorted({str(ipaddress.ip_address(a)) for a in addresses})
-    where = domain_dir(root, domain_uid)
     make_dirs(where, DIR_MODE)
     text = "".join(f"{a}\n" for a in checked)
     path = where / NODES_CONFIG

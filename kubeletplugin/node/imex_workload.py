@@ -38,7 +38,7 @@ from gpudra.api.compute_domain import (
     NodeStatus,
     node_entry,
 )
-from gpudra.driver.compute_domain_imex import CONFIG, domain_dir, write_config, write_nodes
+from gpudra.driver.compute_domain_imex import CONFIG, write_config_in, write_nodes_in
 from gpudra.kube.errors import ApiCallError, Conflict, NotFound
 from gpudra.kube.raw_api import RawApi
 from gpudra.kubeletplugin.claims.compute_domain_preparer import COMPUTE_DOMAINS
@@ -63,7 +63,8 @@ class WorkloadConfig:
     node: str
     address: str
     """This node's address in the domain (the pod IP; a simulated node's own address)."""
-    imex_root: Path
+    imex_dir: Path
+    """The domain's IMEX config directory (the daemon claim's mount in a pod)."""
     clique: str
     """``<cluster uuid>.<clique id>`` of this node's GPUs."""
     imex_command: Sequence[str]
@@ -137,7 +138,7 @@ class ImexWorkload:
             return
         if child is not None:
             log.warning("IMEX daemon exited; starting it again", code=child.returncode)
-        config = domain_dir(self.config.imex_root, self.config.domain_uid) / CONFIG
+        config = self.config.imex_dir / CONFIG
         self._child = subprocess.Popen([*self.config.imex_command, "-c", str(config)],
                                        stdin=subprocess.DEVNULL)
         self.starts += 1
@@ -164,7 +165,7 @@ class ImexWorkload:
                               if isinstance(n, dict) and n.get("cliqueID") == c.clique
                               and n.get("ipAddress")} | {c.address}))
         if peers != self._peers:
-            await asyncio.to_thread(write_nodes, c.imex_root, c.domain_uid, peers)
+            await asyncio.to_thread(write_nodes_in, c.imex_dir, peers)
             self._peers = peers
             log.info("IMEX peers", peers=list(peers))
         crashed = self._child is not None and self._child.poll() is not None
@@ -179,7 +180,9 @@ class ImexWorkload:
 
     async def run(self, stop: asyncio.Event) -> None:
         c = self.config
-        await asyncio.to_thread(write_config, c.imex_root, c.domain_uid)
+        # The daemon claim's prepare wrote it; written again (same content) so a daemon
+        # whose claim was prepared by an older plugin, or none in a test, still starts.
+        await asyncio.to_thread(write_config_in, c.imex_dir)
         try:
             while not stop.is_set():
                 try:

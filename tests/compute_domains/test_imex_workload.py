@@ -33,7 +33,7 @@ def _workload(api: RawApi, uid: str, i: int, root: Path, *, clique: str = CLIQUE
     # The IMEX daemon here is a process that sleeps: its state comes from ``query``.
     return ImexWorkload(WorkloadConfig(
         domain_uid=uid, domain_namespace="default", domain_name="rack", node=f"tray-{i:02d}",
-        address=f"10.0.0.{i + 1}", imex_root=root / f"tray-{i:02d}", clique=clique,
+        address=f"10.0.0.{i + 1}", imex_dir=root / f"tray-{i:02d}" / uid, clique=clique,
         imex_command=[sys.executable, "-c", "import time; time.sleep(60)"],
         query=lambda: answer, interval=0.05), api)
 
