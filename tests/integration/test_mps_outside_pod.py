@@ -100,8 +100,8 @@ async def test_upgrading_the_node_daemon_never_stops_the_mps_daemon(node, fake_a
     assert mps_process.read_pid(directory / "pipe" / "nvidia-cuda-mps-control.pid") == pid
     assert sim_daemons(directory) == [pid]
     assert read_limits(directory / "log")["defaultActiveThreadPercentage"] == 50
-    print(f"\nbefore the upgrade: MPS pod {NAMESPACE}/{meta['name']} uid {meta['uid']}, "
-          f"control daemon pid {pid}, node daemon pid {daemon.process.pid}")
+    before = (f"\nbefore the upgrade: MPS pod {NAMESPACE}/{meta['name']} uid {meta['uid']}, "
+              f"control daemon pid {pid}, node daemon pid {daemon.process.pid}")
 
     # The claims' status and `gpudra top` name the pod.
     where = {"runsIn": "pod", "pod": f"{NAMESPACE}/{meta['name']}"}
@@ -116,6 +116,7 @@ async def test_upgrading_the_node_daemon_never_stops_the_mps_daemon(node, fake_a
     header, *lines = shown[shown.index("NAMESPACE"):].splitlines()
     column = header.split().index("MPS")
     assert [line.split()[column] for line in lines] == [f"{NAMESPACE}/{meta['name']}"] * 2
+    print(before)  # after `gpudra top`, whose output the test reads
 
     # The upgrade: the old node daemon goes (asked to, or killed), the new one starts over
     # the same directories. Meanwhile the clients' daemon serves.
