@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,12 @@ log = structlog.get_logger("gpudra.compute_domain_daemon")
 
 CONFLICT_RETRIES = 50
 """Conditional status writes tried before a round gives up (the next round tries again)."""
+CONFLICT_BACKOFF = 0.05
+CONFLICT_BACKOFF_CAP = 0.5
+"""After the n-th conflict a writer waits a random time in [0, min(cap, backoff * 2**n)):
+writers that collided spread out instead of colliding again in lockstep (a rack of
+daemons starting together), so the retries a domain costs stay near linear in its nodes
+(bench/RESULTS.md, "IMEX daemons joining at once")."""
 STOP_WAIT = 5.0
 """Seconds the IMEX daemon has to exit after SIGTERM before it is killed."""
 
@@ -75,9 +82,13 @@ class WorkloadConfig:
 
 
 class ImexWorkload:
-    def __init__(self, config: WorkloadConfig, api: RawApi) -> None:
+    def __init__(self, config: WorkloadConfig, api: RawApi, *,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 jitter: Callable[[], float] = random.random) -> None:
         self.config = config
         self._api = api
+        self._sleep = sleep
+        self._jitter = jitter
         self._child: subprocess.Popen[bytes] | None = None
         self._status: NodeStatus | None = None
         self._peers: tuple[str, ...] | None = None
@@ -97,7 +108,10 @@ class ImexWorkload:
         """Set this node's entry (``None``: remove it), retrying on conflicts; the domain
         as written (or as read, when nothing had to change)."""
         c = self.config
-        for _ in range(CONFLICT_RETRIES):
+        for attempt in range(CONFLICT_RETRIES):
+            if attempt:
+                await self._sleep(self._jitter() * min(
+                    CONFLICT_BACKOFF_CAP, CONFLICT_BACKOFF * 2 ** (attempt - 1)))
             obj = await self._domain()
             nodes = list((obj.get("status") or {}).get("nodes") or [])
             others = [n for n in nodes if isinstance(n, dict) and n.get("name") != c.node]
@@ -190,7 +204,7 @@ class ImexWorkload:
                 except NotFound:
                     log.info("ComputeDomain gone; stopping", domain=c.domain_uid)
                     return
-                except ApiCallError as exc:
+                except (ApiCallError, WorkloadError) as exc:
                     log.warning("API server", error=str(exc))  # next round tries again
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), c.interval)
