@@ -219,7 +219,9 @@ class MpsManager:
                 # replaced; a new one starts on an emptied pipe directory.
                 self.pods.ensure(claim_uid, daemon.directory, list(uuids),
                                  clear=lambda: _clear(daemon.pipe_dir))
-                self.send(claim_uid, commands)
+                # The pipe must answer, not only exist: the limits go through it, or, with
+                # none to send, a query that changes nothing.
+                self.send(claim_uid, commands or ["get_server_list"])
             except (CommandError, OSError):
                 self._remove_pod(claim_uid, daemon)
                 raise

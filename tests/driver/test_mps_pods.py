@@ -191,3 +191,19 @@ def test_an_api_server_that_does_not_answer_at_start_up_stops_nothing(tmp_path, 
         {KEY: MpsClaim(ref="shared GPU", uuids=(GPU,), commands=())})
     assert later.adopted == {KEY: pid}
     again.stop(KEY)
+
+
+def test_a_daemon_left_in_the_container_by_an_earlier_mode_gives_way_to_a_pod(
+        tmp_path, api, pod_api, runner):
+    old = MpsManager(SimulatedCommandRunner(tmp_path / "sim"), tmp_path / "mps")
+    daemon = old.start(KEY, [GPU], [])
+    local = old.running_pid(KEY)
+    assert local is not None
+    mps = manager(tmp_path, pod_api)  # the node daemon now runs with --mps-daemons pod
+    report = mps.reconcile({KEY: MpsClaim(ref="shared GPU", uuids=(GPU,), commands=())})
+    assert report.restarted == [KEY]
+    assert not mps_process.alive(local)  # quit: one daemon per pipe directory
+    pid = runner.pid(NS, pod_name(NODE, KEY))
+    assert pid is not None and sim_daemons(daemon.directory) == [pid]
+    assert "get_server_list" in (daemon.log_dir / "control.log").read_text()  # it answered
+    mps.stop(KEY)
