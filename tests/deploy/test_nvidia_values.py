@@ -101,14 +101,44 @@ def _args(values: dict[str, Any]) -> argparse.Namespace:
 
 # --- both files install -----------------------------------------------------------------------
 
+def _nonzero(value: Any) -> bool:
+    return str(value if value is not None else 0) not in ("0", "0%")
+
+
+def _daemonset_rules(obj: dict[str, Any]) -> None:
+    """What the API server checks beyond the schema (apps validation of a DaemonSet's
+    rolling update): exactly one of maxSurge and maxUnavailable is non-zero."""
+    rolling = obj["spec"].get("updateStrategy", {}).get("rollingUpdate") or {}
+    assert _nonzero(rolling.get("maxSurge")) != _nonzero(rolling.get("maxUnavailable")), rolling
+
+
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_nvidia_values_render_to_valid_kubernetes(name):
-    """No schema failure, and every object passes Kubernetes' strict schema."""
+    """No schema failure, and every object passes Kubernetes' strict schema (and the
+    DaemonSet the API server's rolling-update rule)."""
     objs = objects(FILES[name])
     assert {"DaemonSet", "ClusterRole", "ClusterRoleBinding", "ServiceAccount",
             "DeviceClass"} <= {o["kind"] for o in objs}
     for obj in objs:
         validate(obj)
+    _daemonset_rules(one(objs, "DaemonSet"))
+
+
+def test_nvidias_max_unavailable_replaces_without_a_surge():
+    """NVIDIA's maxUnavailable "100%" beside the chart's maxSurge 1 is a DaemonSet the API
+    server refuses: the surge goes, and the notes say what that costs."""
+    strategy = one(objects(DEFAULTS), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+    assert "replaced without a surge" in notes(DEFAULTS)
+    default = one(objects(), "DaemonSet")
+    assert default["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1,
+                                                                  "maxUnavailable": 0}
+    _daemonset_rules(default)
+    assert "without a surge" not in notes()
+    one_at_a_time = {"kubeletPlugin": {"updateStrategy": {"rollingUpdate": {
+        "maxSurge": 0, "maxUnavailable": 1}}}}
+    _daemonset_rules(one(objects(one_at_a_time), "DaemonSet"))
+    assert "without a surge" not in notes(one_at_a_time)  # nothing was dropped
 
 
 @pytest.mark.parametrize(("name", "kube"), [("nvidia-default", f"v{SCHEMA_VERSION}"),

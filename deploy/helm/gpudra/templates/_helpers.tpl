@@ -493,3 +493,29 @@ nodeSelector, tolerations and resources where gpudra's are left at their default
 {{- end }}
 {{- toYaml $ours }}
 {{- end }}
+
+{{/*
+kubeletPlugin.updateStrategy, without maxSurge when maxUnavailable is not zero: the API server
+refuses a DaemonSet with both. The chart's default surges (maxUnavailable 0), so a non-zero
+maxUnavailable is the admin's (NVIDIA's chart sets "100%"), and means replace without a surge.
+*/}}
+{{- define "gpudra.updateStrategy" -}}
+{{- $strategy := deepCopy .Values.kubeletPlugin.updateStrategy }}
+{{- with $strategy.rollingUpdate }}
+{{- if include "gpudra.surgeDropped" $ }}
+{{- $_ := unset . "maxSurge" }}
+{{- end }}
+{{- end }}
+{{- toYaml $strategy }}
+{{- end }}
+
+{{/*
+"true" when gpudra.updateStrategy drops maxSurge (for NOTES.txt to say so).
+*/}}
+{{- define "gpudra.surgeDropped" -}}
+{{- with .Values.kubeletPlugin.updateStrategy.rollingUpdate }}
+{{- $unavailable := toString (.maxUnavailable | default 0) }}
+{{- $surge := toString (.maxSurge | default 0) }}
+{{- if and (not (has $unavailable (list "0" "0%"))) (not (has $surge (list "0" "0%"))) }}true{{ end }}
+{{- end }}
+{{- end }}
