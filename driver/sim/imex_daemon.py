@@ -9,22 +9,23 @@ supervisor that step), so a domain that grows or shrinks is seen within one chec
 
 Simulated network: every daemon listens on 127.0.0.1 (an ephemeral port) and registers
 its *logical* address (the pod IP the domain's status lists) as a file
-``<network dir>/<ip>`` holding that port; peers resolve a logical address through the
-directory. So several simulated nodes run on one machine with their own addresses and real
-TCP between them.
+``<network dir>/<domain>/<ip>`` holding that port; peers resolve a logical address through
+the directory. A domain is a network of its own, as daemon pods with IPs of their own are,
+so several domains on one node run side by side; and several simulated nodes run on one
+machine with their own addresses and real TCP between them.
 
 Failure modes:
 
 - **peer unreachable**: a peer without a registration (never started, stopped) or one that
   refuses the connection (killed) keeps this daemon NOT_READY, naming the peer;
-- **crash**: ``<network dir>/<ip>.crash`` present makes the daemon exit with status 1 at
-  its next check round, as a crashing ``nvidia-imex`` would (its registration stays, its
-  port refuses); SIGKILL does the same at once. SIGTERM is a clean stop (registration
-  removed, status 0).
+- **crash**: ``<network dir>/<domain>/<ip>.crash`` present (:func:`crash_file`) makes the
+  daemon exit with status 1 at its next check round, as a crashing ``nvidia-imex`` would
+  (its registration stays, its port refuses); SIGKILL does the same at once. SIGTERM is a
+  clean stop (registration removed, status 0).
 
 Run: ``python -m gpudra.driver.sim.imex_daemon run -c config.cfg --network DIR --address IP
---domain UID``. Query: ``… ctl -q --network DIR --address IP`` prints ``READY`` or
-``NOT_READY: <why>`` (exit 0 / 1), or says the daemon does not answer (exit 2); from
+--domain UID``. Query: ``… ctl -q --network DIR --address IP --domain UID`` prints
+``READY`` or ``NOT_READY: <why>`` (exit 0 / 1), or says the daemon does not answer (exit 2); from
 Python, :func:`query`.
 """
 
@@ -77,8 +78,10 @@ class ImexConfig:
         nodes = Path(values["IMEX_NODE_CONFIG_FILE"])
         if not nodes.is_absolute():
             nodes = path.parent / nodes
-        return cls(nodes, int(values.get("SERVER_PORT", "0") or 0), network_dir, address,
-                   domain)
+        # Each domain's daemons are a network of their own (in a cluster each daemon pod has
+        # its own IP): several domains on one node use the node's address side by side.
+        return cls(nodes, int(values.get("SERVER_PORT", "0") or 0), network_dir / domain,
+                   address, domain)
 
 
 def read_peers(nodes_config: Path) -> list[str]:
@@ -105,10 +108,15 @@ def _ask(network_dir: Path, address: str, line: str) -> str | None:
         return None
 
 
-def query(network_dir: Path, address: str) -> str | None:
-    """``READY`` or ``NOT_READY: …`` from the daemon registered as ``address``; None when
-    no daemon answers (not started, crashed, stopped)."""
-    return _ask(network_dir, address, "STATUS")
+def query(network_dir: Path, address: str, domain: str) -> str | None:
+    """``READY`` or ``NOT_READY: …`` from the daemon of ``domain`` registered as ``address``;
+    None when no daemon answers (not started, crashed, stopped)."""
+    return _ask(network_dir / domain, address, "STATUS")
+
+
+def crash_file(network_dir: Path, address: str, domain: str) -> Path:
+    """Present: the daemon of ``domain`` at ``address`` crashes (again, once restarted)."""
+    return network_dir / domain / f"{address}.crash"
 
 
 class _Daemon:
@@ -191,13 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--domain", required=True)
     ctl = sub.add_parser("ctl", help="nvidia-imex-ctl")
     ctl.add_argument("-q", "--query", action="store_true", required=True)
+    ctl.add_argument("--domain", required=True)
     for sub_parser in (run, ctl):
         sub_parser.add_argument("--network", type=Path, required=True,
                                 help="the simulated network's registration directory")
         sub_parser.add_argument("--address", required=True, help="this node's address")
     args = parser.parse_args(argv)
     if args.command == "ctl":
-        status = query(args.network, args.address)
+        status = query(args.network, args.address, args.domain)
         if status is None:
             print(f"the IMEX daemon at {args.address} does not answer", file=sys.stderr)
             return 2

@@ -222,7 +222,7 @@ def simulated_imex(network: Path, address: str, domain: str,
     argv = [sys.executable, "-m", "gpudra.driver.sim.imex_daemon", "run", "--network",
             str(network), "--address", address, "--domain", domain, "--interval",
             str(interval)]
-    return argv, lambda: imex_daemon.query(network, address)
+    return argv, lambda: imex_daemon.query(network, address, domain)
 
 
 def real_imex(binary: str, ctl: str) -> tuple[list[str], Callable[[], str | None]]:

@@ -1,5 +1,5 @@
 """The simulated IMEX daemon: readiness over real TCP between processes, peer unreachable,
-crash; and the fabric NVML calls through pynvml."""
+crash, two domains side by side on the same nodes."""
 
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ def network(tmp_path: Path) -> Path:
 def start(tmp_path: Path, network: Path) -> Iterator:  # type: ignore[type-arg]
     procs: list[subprocess.Popen[bytes]] = []
 
-    def run(address: str, peers: list[str]) -> subprocess.Popen[bytes]:
+    def run(address: str, peers: list[str], domain: str = DOMAIN) -> subprocess.Popen[bytes]:
         root = tmp_path / address
-        where = write_config(root, DOMAIN)
-        write_nodes(root, DOMAIN, peers)
+        where = write_config(root, domain)
+        write_nodes(root, domain, peers)
         proc = subprocess.Popen([sys.executable, "-m", "gpudra.driver.sim.imex_daemon", "run",
                                  "-c", str(where / "config.cfg"), "--network", str(network),
-                                 "--address", address, "--domain", DOMAIN,
+                                 "--address", address, "--domain", domain,
                                  "--interval", "0.05"])
         procs.append(proc)
         return proc
@@ -57,47 +57,50 @@ def start(tmp_path: Path, network: Path) -> Iterator:  # type: ignore[type-arg]
 
 def test_ready_once_every_peer_answers(start, network: Path) -> None:  # type: ignore[no-untyped-def]
     start("10.0.0.1", ADDRESSES)
-    _until(lambda: imex_daemon.query(network, "10.0.0.1"), "the first daemon to answer")
-    assert imex_daemon.query(network, "10.0.0.1") == "NOT_READY: peer 10.0.0.2 unreachable"
+    _until(lambda: imex_daemon.query(network, "10.0.0.1", DOMAIN), "the first daemon to answer")
+    assert imex_daemon.query(network, "10.0.0.1", DOMAIN) == "NOT_READY: peer 10.0.0.2 unreachable"
     start("10.0.0.2", ADDRESSES)
     start("10.0.0.3", ADDRESSES)
     for address in ADDRESSES:
-        _until(lambda a=address: imex_daemon.query(network, a) == "READY", f"{address} READY")
+        _until(lambda a=address: imex_daemon.query(network, a, DOMAIN) == "READY",
+               f"{address} READY")
 
 
 def test_crash_makes_peers_not_ready_and_ctl_says_so(start, network: Path) -> None:  # type: ignore[no-untyped-def]
     procs = [start(a, ADDRESSES) for a in ADDRESSES]
     for address in ADDRESSES:
-        _until(lambda a=address: imex_daemon.query(network, a) == "READY", f"{address} READY")
-    (network / "10.0.0.3.crash").touch()
+        _until(lambda a=address: imex_daemon.query(network, a, DOMAIN) == "READY",
+               f"{address} READY")
+    imex_daemon.crash_file(network, "10.0.0.3", DOMAIN).touch()
     assert procs[2].wait(10) == 1
-    _until(lambda: imex_daemon.query(network, "10.0.0.1") == "NOT_READY: peer 10.0.0.3 "
+    _until(lambda: imex_daemon.query(network, "10.0.0.1", DOMAIN) == "NOT_READY: peer 10.0.0.3 "
            "unreachable", "10.0.0.1 to see its peer gone")
     ctl = subprocess.run([sys.executable, "-m", "gpudra.driver.sim.imex_daemon", "ctl", "-q",
-                          "--network", str(network), "--address", "10.0.0.3"],
+                          "--network", str(network), "--address", "10.0.0.3",
+                          "--domain", DOMAIN],
                          capture_output=True, text=True, check=False)
     assert ctl.returncode == 2 and "does not answer" in ctl.stderr
     ok = subprocess.run([sys.executable, "-m", "gpudra.driver.sim.imex_daemon", "ctl", "-q",
-                         "--network", str(network), "--address", "10.0.0.1"],
+                         "--network", str(network), "--address", "10.0.0.1",
+                         "--domain", DOMAIN],
                         capture_output=True, text=True, check=False)
     assert ok.returncode == 1 and ok.stdout.startswith("NOT_READY")
 
 
-def test_a_peer_of_another_domain_is_not_a_peer(tmp_path: Path, start, network: Path) -> None:  # type: ignore[no-untyped-def]
-    start("10.0.0.1", ["10.0.0.1", "10.0.0.9"])
-    root = tmp_path / "other"
+def test_two_domains_on_the_same_nodes_are_apart(start, network: Path) -> None:  # type: ignore[no-untyped-def]
     other = "0b6a2f1c-7e3d-4a5b-8c9d-1e2f3a4b5c6d"
-    where = write_config(root, other)
-    write_nodes(root, other, ["10.0.0.9"])
-    proc = subprocess.Popen([sys.executable, "-m", "gpudra.driver.sim.imex_daemon", "run", "-c",
-                             str(where / "config.cfg"), "--network", str(network), "--address",
-                             "10.0.0.9", "--domain", other, "--interval", "0.05"])
-    try:
-        _until(lambda: "another domain" in (imex_daemon.query(network, "10.0.0.1") or ""),
-               "the foreign peer to be told apart")
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    pair = ADDRESSES[:2]
+    for address in pair:
+        start(address, pair)
+        start(address, pair, other)
+    for domain in (DOMAIN, other):
+        for address in pair:
+            _until(lambda a=address, d=domain: imex_daemon.query(network, a, d) == "READY",
+                   f"{address} READY in {domain}")
+    imex_daemon.crash_file(network, "10.0.0.2", other).touch()
+    _until(lambda: imex_daemon.query(network, "10.0.0.1", other) == "NOT_READY: peer "
+           "10.0.0.2 unreachable", "the other domain to lose its peer")
+    assert imex_daemon.query(network, "10.0.0.1", DOMAIN) == "READY"  # untouched
 
 
 def test_write_nodes_refuses_what_is_not_an_address(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from gpudra.api.compute_domain import (
     channel_config,
 )
 from gpudra.driver.cdi import spec_path
+from gpudra.driver.sim.imex_daemon import crash_file
 from gpudra.testing.fakeapi import FakeApiServer
 from tests.compute_domains.harness import SimNode, published, until
 from tests.controller.compute_domains.harness import running
@@ -258,7 +259,8 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
     # One IMEX daemon crashes (and keeps crashing when started again): its node and every
     # peer say NotReady in the domain's status, and the claims are told.
     crashed = cluster[3]
-    (crashed.network / f"{crashed.address}.crash").touch()
+    crash = crash_file(crashed.network, crashed.address, uid)
+    crash.touch()
     until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "NotReady"),
           f"every node NotReady: {_entries(fake_api)}")
     until(lambda: (fake_api.get("ComputeDomain", "training", NAMESPACE) or {}).get(
@@ -281,7 +283,7 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
     assert "is 'NotReady', not Ready" in refused["error"] and "default/late" in refused["error"]
 
     # It recovers once the daemon stays up.
-    (crashed.network / f"{crashed.address}.crash").unlink()
+    crash.unlink()
     until(lambda: _entries(fake_api) == dict.fromkeys(NODES, "Ready"),
           f"every node Ready again: {_entries(fake_api)}")
 
