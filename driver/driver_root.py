@@ -224,6 +224,17 @@ class DriverRoot:
                 self.has_c_library())
         return self._files
 
+    def warm(self) -> DriverFiles:
+        """Find the driver's files now (the node daemon's start-up), so the first prepare
+        does not pay for the walk; says what was found."""
+        files = self.driver_files()
+        _log().info("driver files for CDI specs", driver_root=str(self.root),
+                    version=files.version, libraries=len(files.libraries),
+                    library_dirs=list(files.library_dirs), configs=len(files.configs),
+                    binaries=len(files.binaries), firmware=len(files.firmware),
+                    sockets=[m.container_path for m in files.sockets])
+        return files
+
     def common_edits(self, *, video: bool = False) -> ContainerEdits:
         """Control nodes, every library of the driver (with the media ones when ``video``),
         configs, binaries, firmware, sockets and the hooks."""

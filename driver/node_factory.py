@@ -120,6 +120,8 @@ def build_device_state(setup: NodeSetup, nvml: Nvml,
         options, owned_mig_uuids=owned_mig_uuids(cp) | held_mig_uuids(held)))
     _warn_unavailable(inventory, report.unavailable_gpus, cp.claims)
     known_gpus.append(inventory)
+    # The driver's files for CDI specs, found once now instead of at the first prepare.
+    setup.driver_root.warm()
     return DeviceState(driver=setup.driver, view=view, store=store, hardware=hardware,
                        gpu_locks=gpu_locks, cdi_root=setup.cdi_root,
                        driver_root=setup.driver_root, pcie_root=resolver, held=held,

@@ -320,3 +320,20 @@ def test_the_shared_driver_edits_are_written_as_one_json_dump_would(tmp_path):
     assert written[0]["containerEdits"] == written[1]["containerEdits"]
     assert [d["name"] for s in written for d in s["devices"]] == [
         f"{UID}-gpu-{GPU}", f"0c6e3f2a-8d5b-4f3c-a072-4b9e6d1f8c23-gpu-{GPU}"]
+
+
+def test_warm_finds_the_files_once_and_prepares_reuse_them(tmp_path):
+    """The daemon's start-up walks the driver root; claims after it do not walk it again
+    until the driver changes."""
+    roots = node_roots(tmp_path, "host")
+    files = roots.warm()
+    assert files.version == driver_install().version
+    assert len(files.libraries) == len(driver_install().libraries)
+    with roots.one_look():
+        roots.common_edits(video=True)
+        assert roots.driver_files() is files
+    populate_driver_root(tmp_path / "driver-root", [GPU, MIG_PARENT], layout="host",
+                         dev_root=tmp_path / "dev-root", driver_version="590.10.01")
+    with roots.one_look():  # the next kubelet call sees the upgrade
+        assert roots.driver_files() is not files
+        assert roots.driver_files().version == "590.10.01"
