@@ -56,6 +56,8 @@ MAPPED = (
     "resources.computeDomains.enabled", "resources.computeDomains.imex.mode",
     "resources.computeDomains.imex.isolation", "controller.replicas", "controller.nodeSelector",
     "controller.tolerations", "controller.containers.computeDomain.resources",
+    # the daemon's HTTP port; NVIDIA's path is gpudra's (/metrics)
+    "kubeletPlugin.metrics.gpuHttpEndpoint", "kubeletPlugin.metrics.metricsPath",
 )
 # Mapped only when they name gpudra's own image; NVIDIA's image is replaced (and named).
 IMAGE_KEYS = ("image.repository", "image.tag")
@@ -399,3 +401,25 @@ def test_compute_domains_map_to_gpudras():
     named = _named(_ignored_section(notes(host)))
     assert {"resources.computeDomains.imex.mode",
             "resources.computeDomains.imex.hostSocketPath"} <= named
+
+
+def _ports(values: dict[str, Any]) -> tuple[str | None, int, int]:
+    objs = objects(values)
+    (c,) = one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    address = next((a for a in c["args"] if a.startswith("--http-address=")), None)
+    (service_port,) = one(objs, "Service")["spec"]["ports"]
+    return address, c["ports"][0]["containerPort"], service_port["port"]
+
+
+def test_the_gpu_plugins_metrics_endpoint_is_the_metrics_port():
+    assert _ports({}) == ("--http-address=0.0.0.0:8080", 8080, 8080)
+    nvidia = {"kubeletPlugin": {"metrics": {"gpuHttpEndpoint": ":9400",
+                                            "metricsPath": "/metrics"}}}
+    assert _ports(nvidia) == ("--http-address=0.0.0.0:9400", 9400, 9400)
+    assert "port 9400 of each daemon pod" in notes(nvidia)
+    assert "gpudra ignores" not in notes(nvidia)
+    ours = {**nvidia, "metrics": {"port": 9100}}  # gpudra's own value wins
+    assert _ports(ours) == ("--http-address=0.0.0.0:9100", 9100, 9100)
+    other_path = {"kubeletPlugin": {"metrics": {"metricsPath": "/m", "enabled": False}}}
+    assert {"kubeletPlugin.metrics.metricsPath", "kubeletPlugin.metrics.enabled"} <= \
+        _named(_ignored_section(notes(other_path)))

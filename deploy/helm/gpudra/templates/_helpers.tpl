@@ -388,7 +388,12 @@ The keys of NVIDIA's chart in these values that gpudra ignores, one line each:
 {{- end }}
 {{- $plugin := list }}
 {{- with $v.kubeletPlugin.metrics }}
-{{- $plugin = concat $plugin (splitList "\n" (include "gpudra.keyPaths" (dict "prefix" "kubeletPlugin.metrics" "value" .) | trim)) }}
+{{- range $key, $value := . }}
+{{- /* The GPU plugin's endpoint is the metrics port (gpudra.metricsPort); its path is ours. */ -}}
+{{- if not (or (eq $key "gpuHttpEndpoint") (and (eq $key "metricsPath") (eq (toString $value) "/metrics"))) }}
+{{- $plugin = append $plugin (printf "kubeletPlugin.metrics.%s" $key) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if hasKey (dig "containers" "gpus" dict $v.kubeletPlugin) "healthcheckPort" }}
 {{- $plugin = append $plugin "kubeletPlugin.containers.gpus.healthcheckPort" }}
@@ -518,4 +523,17 @@ maxUnavailable is the admin's (NVIDIA's chart sets "100%"), and means replace wi
 {{- $surge := toString (.maxSurge | default 0) }}
 {{- if and (not (has $unavailable (list "0" "0%"))) (not (has $surge (list "0" "0%"))) }}true{{ end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The daemon's HTTP port (/metrics, /healthz, /readyz): metrics.port, or the port of NVIDIA's
+kubeletPlugin.metrics.gpuHttpEndpoint (":8080") while metrics.port is left at its 8080.
+*/}}
+{{- define "gpudra.metricsPort" -}}
+{{- $port := int .Values.metrics.port }}
+{{- $nvidia := toString (dig "metrics" "gpuHttpEndpoint" "" .Values.kubeletPlugin) }}
+{{- if and (eq $port 8080) (regexMatch ":[0-9]+$" $nvidia) }}
+{{- $port = int (regexFind "[0-9]+$" $nvidia) }}
+{{- end }}
+{{- $port }}
 {{- end }}
