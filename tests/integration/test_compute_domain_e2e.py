@@ -115,16 +115,22 @@ def _condition(api: FakeApiServer, claim: str, kind: str) -> str | None:
     return None
 
 
-def _entries(api: FakeApiServer) -> dict[str, str]:
-    cd = api.get("ComputeDomain", "training", NAMESPACE) or {}
+def _entries(api: FakeApiServer, domain: str = "training") -> dict[str, str]:
+    cd = api.get("ComputeDomain", domain, NAMESPACE) or {}
     return {n["name"]: n["status"] for n in (cd.get("status") or {}).get("nodes") or []}
 
 
 @pytest.fixture
-def cluster(fake_api: FakeApiServer, tmp_path: Path) -> Iterator[list[SimNode]]:
+def cluster(request: pytest.FixtureRequest, fake_api: FakeApiServer,
+            tmp_path: Path) -> Iterator[list[SimNode]]:
+    """Simulated trays, each with ``gpudra compute-domain-node``, and ``gpudra controller``:
+    ``NODES`` with ``gpudra node`` beside, or (indirect parameter) that many trays without."""
     network = tmp_path / "imex-net"
-    nodes = [SimNode(name, f"10.0.0.{i + 1}", fake_api.url, network, gpu_daemon=True)
-             for i, name in enumerate(NODES)]
+    trays: int | None = getattr(request, "param", None)
+    names = NODES if trays is None else NODES[:trays]
+    nodes = [SimNode(name, f"10.0.0.{i + 1}", fake_api.url, network,
+                     gpu_daemon=trays is None)
+             for i, name in enumerate(names)]
     for node in nodes:
         fake_api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
     try:
@@ -297,3 +303,60 @@ def test_four_node_domain_forms_runs_and_reports_a_crashed_daemon(
     until(lambda: crashed.name not in _entries(fake_api), "the node to leave the domain",
           timeout=30)
     assert set(_entries(fake_api)) == set(NODES[:3])
+
+
+def _status(api: FakeApiServer, domain: str) -> str | None:
+    return (api.get("ComputeDomain", domain, NAMESPACE) or {}).get("status", {}).get("status")
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_two_domains_share_two_trays_and_fail_apart(
+        fake_api: FakeApiServer, cluster: list[SimNode]) -> None:
+    """Several domains per node and per clique: each takes its own channel and daemon slot
+    on both trays, and a crash in one leaves the other Ready."""
+    names = [n.name for n in cluster]
+    by_name = {n.name: n for n in cluster}
+    uids = {}
+    for domain in ("alpha", "beta"):
+        uids[domain] = fake_api.put({
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+            "metadata": {"name": domain, "namespace": NAMESPACE},
+            "spec": {"numNodes": 2, "channel": {
+                "resourceClaimTemplate": {"name": f"{domain}-channel"}}}})["metadata"]["uid"]
+    refs: dict[tuple[str, str], ClaimRef] = {}
+    for channel, domain in enumerate(("alpha", "beta")):
+        template = until(lambda d=domain: fake_api.get("ResourceClaimTemplate",
+                                                       f"{d}-channel", NAMESPACE),
+                         f"{domain}'s channel template")
+        for node in names:
+            device = published(fake_api, node)[f"channel-{channel}"]
+            stored = fake_api.put(_allocated(f"{domain}-{node}", template["spec"]["spec"],
+                                             node, [("channel", DRIVER_NAME,
+                                                     f"channel-{channel}", device)]))
+            refs[domain, node] = ClaimRef(NAMESPACE, stored["metadata"]["name"],
+                                          stored["metadata"]["uid"])
+    scheduled: set[str] = set()
+
+    def daemons_scheduled() -> bool:
+        _schedule_daemon_pods(fake_api, by_name, scheduled)
+        return len(scheduled) == 4
+
+    until(daemons_scheduled, lambda: f"4 daemon pods, have {scheduled}")
+    for domain in ("alpha", "beta"):
+        until(lambda d=domain: _status(fake_api, d) == "Ready", f"{domain} Ready")
+    for (domain, node), ref in refs.items():
+        until(lambda r=ref: _condition(fake_api, r.name, CONDITION_READY) == "True",
+              f"{domain} on {node} bindable")
+        assert by_name[node].prepare(ref)["error"] == ""
+    for node in cluster:  # one IMEX config per domain, each with both trays
+        for uid in uids.values():
+            assert (node.imex_root / uid / "nodes_config.cfg").read_text().split() == [
+                "10.0.0.1", "10.0.0.2"]
+
+    crash_file(cluster[1].network, cluster[1].address, uids["alpha"]).touch()
+    until(lambda: _status(fake_api, "alpha") == "NotReady", "alpha NotReady")
+    until(lambda: _condition(fake_api, refs["alpha", names[0]].name, CONDITION_READY)
+          == "False", "alpha's claims told")
+    assert _status(fake_api, "beta") == "Ready"
+    assert _entries(fake_api, "beta") == dict.fromkeys(names, "Ready")
+    assert _condition(fake_api, refs["beta", names[0]].name, CONDITION_READY) == "True"
