@@ -111,8 +111,13 @@ def collect_devices(args: argparse.Namespace) -> NodeDevices:
         raise UsageError(str(exc)) from exc
     if not gates.enabled("ConsumableCapacity"):
         shareable = NONE
+    vfio = None
+    if gates.enabled("PassthroughSupport"):  # the node's vfio devices too
+        from gpudra.driver.vfio_setup import cli_offer
+
+        vfio = cli_offer(inventory, simulate=bool(args.simulate))
     options = ModelOptions(dynamic_mig=gates.enabled("DynamicMIG"), mig=offer,
-                           shareable=shareable)
+                           shareable=shareable, vfio=vfio)
     plugins_dir = getattr(args, "plugins_dir", None)
     if plugins_dir is not None:
         held = _held(Path(plugins_dir) / args.driver_name)

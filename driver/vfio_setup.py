@@ -108,6 +108,22 @@ def _minor(device: str) -> int | None:
     return device_minor(device)
 
 
+def cli_offer(inventory: NodeInventory, *, simulate: bool) -> VfioOffer | None:
+    """``gpudra inventory`` / ``explain``: the vfio devices a node daemon with the gate would
+    publish. A simulated node has the simulator's default IOMMU layout (one group per GPU);
+    a real one is read from ``/sys``, and has none without an IOMMU."""
+    if simulate:
+        from gpudra.driver.sim.pci import FIRST_GROUP  # simulator only
+
+        return VfioOffer({bus: FIRST_GROUP + minor for bus, minor in (
+            (sysfs_bus_id(g.probe.pci_bus_id), g.probe.minor) for g in inventory.gpus)})
+    sysfs = PciSysfs(HOST_SYSFS)
+    if not sysfs.available():
+        return None
+    return VfioOffer.read(sysfs, sorted(bus_ids(inventory).values()),
+                          iommufd=Path("/dev/iommu").exists())
+
+
 def bus_ids(inventory: NodeInventory) -> dict[str, str]:
     """GPU UUID → sysfs bus id."""
     return {g.probe.uuid: sysfs_bus_id(g.probe.pci_bus_id) for g in inventory.gpus}

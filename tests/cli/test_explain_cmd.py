@@ -201,7 +201,7 @@ def test_validate_ok(tmp_path, capsys):
     files = [str(write(tmp_path, TWO_GPUS)), *map(str, sorted(classes.glob("*.yaml")))]
     assert main(["validate", *files]) == 0
     out = capsys.readouterr().out.strip()
-    assert out == f"OK: 3 DeviceClasses, 1 Pod, 1 ResourceClaimTemplate in {len(files)} files"
+    assert out == f"OK: 4 DeviceClasses, 1 Pod, 1 ResourceClaimTemplate in {len(files)} files"
 
 
 def test_validate_reports_file_path_and_message(tmp_path, capsys):
