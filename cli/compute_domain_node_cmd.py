@@ -48,6 +48,11 @@ def add_parser(sub: Any) -> None:
                         help="IMEX channels published (env CHANNELS; default 8)")
     parser.add_argument("--daemons", type=int, default=int(env("DAEMONS", "8") or 8),
                         help="IMEX daemon slots published: domains per node (default 8)")
+    parser.add_argument("--fabric-poll", type=float,
+                        default=float(env("FABRIC_POLL", "10") or 10),
+                        help="seconds between looks at the NVLink fabric, so GPUs the fabric "
+                             "manager registers after start-up are published (0: at start "
+                             "only; env FABRIC_POLL; default 10)")
     parser.add_argument("--pod-uid", default=env("POD_UID"))
     parser.add_argument("--log-format", choices=("json", "console", "auto"),
                         default=env("LOG_FORMAT", "json"))
@@ -82,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         plugins_dir=args.plugins_dir, pod_uid=args.pod_uid or None, data_dir=data,
         cdi_root=args.cdi_root, imex_root=imex, host_imex_root=args.host_imex_root or imex,
         dev_root=dev, host_dev_root=args.host_dev_root or dev, simulate=args.simulate,
-        sim_state=args.sim_state, channels=args.channels, daemons=args.daemons)
+        sim_state=args.sim_state, channels=args.channels, daemons=args.daemons,
+        fabric_poll=max(0.0, args.fabric_poll))
     configure_logging(fmt=args.log_format)
 
     async def main() -> None:

@@ -42,7 +42,7 @@ from gpudra.kubeletplugin.serving.publish_gate import PublishGate
 from gpudra.kubeletplugin.serving.server import PluginServer
 
 if TYPE_CHECKING:
-    from gpudra.driver.nvml import FabricInfo
+    from gpudra.driver.nvml import FabricInfo, Nvml
 
 log = structlog.get_logger("gpudra.compute_domain_node")
 
@@ -73,6 +73,8 @@ class ComputeDomainNodeConfig:
     registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
     shutdown_grace: float = 5.0
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    fabric_poll: float = 10.0
+    """Seconds between looks at the NVLink fabric (0: only at start)."""
 
 
 async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
@@ -92,9 +94,11 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
     except ApiAccessError as exc:
         raise NodeDaemonError(str(exc)) from exc
     try:
-        fabric = await asyncio.to_thread(_fabric, config)
+        nvml = await asyncio.to_thread(_open_nvml, config)
     except NvmlUnavailable as exc:
         raise NodeDaemonError(str(exc)) from exc
+    try:
+        fabric = await asyncio.to_thread(_fabric, nvml)
     except FabricProblem as exc:
         log.warning("no ComputeDomain devices: the fabric is not usable", reason=str(exc))
         fabric = None
@@ -127,6 +131,28 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
             await publisher.run()
 
         supervisor.start("publisher", publish)
+
+        async def watch_fabric() -> None:
+            """The fabric manager may register the GPUs after we start (or a tray may move
+            to another partition): publish what the fabric says now, within one poll."""
+            seen = fabric
+            while True:
+                await asyncio.sleep(config.fabric_poll)
+                try:
+                    now = await asyncio.to_thread(_fabric, nvml)
+                except FabricProblem as exc:
+                    now, why = None, str(exc)
+                else:
+                    why = "no multi-node NVLink" if now is None else "ready"
+                if now != seen:
+                    log.info("NVLink fabric changed; publishing again", fabric=why,
+                             clique=None if now is None else f"{now.cluster_uuid}.{now.clique_id}")
+                    publisher.update(build_devices(now, channels=config.channels,
+                                                   daemons=config.daemons))
+                    seen = now
+
+        if config.fabric_poll > 0:
+            supervisor.start("fabric", watch_fabric)
         log.info("compute-domain node daemon running", node=config.node_name,
                  devices=len(devices.devices),
                  clique=None if fabric is None else f"{fabric.cluster_uuid}.{fabric.clique_id}")
@@ -144,18 +170,23 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
         await server.stop(config.shutdown_grace)
         await supervisor.stop()
         await api.close()
+        await asyncio.to_thread(nvml.shutdown)
 
 
-def _fabric(config: ComputeDomainNodeConfig) -> FabricInfo | None:
-    """The node's clique from NVML (real or simulated); blocking."""
-    from gpudra.driver.compute_domain_devices import node_clique
+def _open_nvml(config: ComputeDomainNodeConfig) -> Nvml:
+    """NVML, real or simulated; blocking."""
     from gpudra.driver.files import DIR_MODE, make_dirs
-    from gpudra.driver.nvml import GpuProbe, open_nvml
+    from gpudra.driver.nvml import open_nvml
 
     make_dirs(config.data_dir, DIR_MODE)
-    nvml = open_nvml(simulate=config.simulate, sim_state=config.sim_state)
-    try:
-        probes = [p for p in nvml.probe_all() if isinstance(p, GpuProbe)]
-        return node_clique([nvml.fabric_info(p.uuid) for p in probes])
-    finally:
-        nvml.shutdown()
+    return open_nvml(simulate=config.simulate, sim_state=config.sim_state)
+
+
+def _fabric(nvml: Nvml) -> FabricInfo | None:
+    """The node's clique (:func:`~gpudra.driver.compute_domain_devices.node_clique`);
+    blocking."""
+    from gpudra.driver.compute_domain_devices import node_clique
+    from gpudra.driver.nvml import GpuProbe
+
+    probes = [p for p in nvml.probe_all() if isinstance(p, GpuProbe)]
+    return node_clique([nvml.fabric_info(p.uuid) for p in probes])

@@ -63,6 +63,7 @@ class SimNode:
     profile: str = "gb200-nvl72"
     gpu_daemon: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    plugin_args: tuple[str, ...] = ()
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp")))
     process: subprocess.Popen[str] | None = None
     gpu_process: subprocess.Popen[str] | None = None
@@ -131,7 +132,8 @@ class SimNode:
                  "--sim-state", str(self.sim_state), "--kubeconfig", str(self.kubeconfig),
                  "--registrar-dir", str(self.registrar), "--plugins-dir",
                  str(self.base / "plugins"), "--data-dir", str(self.data),
-                 "--cdi-root", str(self.cdi_root), "--log-format", "console", *extra],
+                 "--cdi-root", str(self.cdi_root), "--log-format", "console",
+                 *self.plugin_args, *extra],
                 env={**os.environ, "PYTHONPATH": str(ROOT), **self.env}, cwd=ROOT, text=True,
                 stdout=out, stderr=subprocess.STDOUT)
 

@@ -98,18 +98,24 @@ def test_publishes_channels_and_daemon_slots_in_the_trays_clique(
         "string": "2f1d7c4e-8a3b-4e6f-9b1a-5c7d3e9f0a12.4027"}
 
 
-def test_a_tray_whose_fabric_is_not_ready_offers_nothing(
+def test_a_tray_offers_its_channels_once_its_fabric_is_ready(
         fake_api: FakeApiServer, node: SimNode) -> None:
     from gpudra.driver import sim
 
     sim.install("gb200-nvl72", node.sim_state)  # the state directory, then its fabric
     sim.uninstall()
     set_fabric(node.sim_state, state="IN_PROGRESS")
+    node.plugin_args = ("--fabric-poll", "0.1")
     _started(node)
     until(lambda: any(s["spec"]["driver"] == DRIVER_NAME and s["spec"]["pool"]["name"] == NODE
                       for s in fake_api.list("ResourceSlice")), "the (empty) pool")
     assert published(fake_api, NODE) == {}
     assert "the fabric is not usable" in node.log() and "InProgress" in node.log()
+    # The fabric manager registers the GPUs: the channels appear without a restart.
+    set_fabric(node.sim_state, state="COMPLETED")
+    devices = until(lambda: published(fake_api, NODE), "the channels, once the fabric is up")
+    assert len(devices) == 16
+    assert "NVLink fabric changed" in node.log()
 
 
 @pytest.mark.parametrize(("name", "kwargs", "says"), [
