@@ -80,7 +80,11 @@ class ComputeDomainNodeConfig:
 async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
     """Run until ``stop`` is set; :class:`NodeDaemonError` when start-up fails."""
     from gpudra.controller.publisher import SlicePublisher
-    from gpudra.driver.compute_domain_checkpoint import Checkpoint, CheckpointError
+    from gpudra.driver.compute_domain_checkpoint import (
+        Checkpoint,
+        CheckpointError,
+        recovered_from_specs,
+    )
     from gpudra.driver.compute_domain_devices import FabricProblem, build_devices
     from gpudra.driver.nvml import NvmlUnavailable
     from gpudra.kube.raw_api import RawApi
@@ -103,9 +107,13 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
         log.warning("no ComputeDomain devices: the fabric is not usable", reason=str(exc))
         fabric = None
     try:
-        checkpoint = Checkpoint(config.data_dir)
-    except CheckpointError as exc:
+        checkpoint = Checkpoint(config.data_dir, recover=lambda: recovered_from_specs(
+            config.cdi_root, DRIVER_NAME))
+    except (CheckpointError, OSError) as exc:
         raise NodeDaemonError(f"checkpoint: {exc}") from exc
+    if checkpoint.set_aside is not None:
+        log.warning("checkpoint unreadable: set aside and rebuilt from the CDI specs",
+                    set_aside=str(checkpoint.set_aside), claims=len(checkpoint.all()))
     devices = build_devices(fabric, channels=config.channels, daemons=config.daemons)
     api = api_session(connection)
     preparer = ComputeDomainPreparer(

@@ -255,3 +255,31 @@ def test_a_crash_in_unprepare_is_finished_by_the_retry(
     assert node.unprepare(ref)["error"] == ""
     assert _checkpoint(node) == {}
     assert not (node.imex_root / uid).exists()
+
+
+def test_an_unreadable_checkpoint_is_set_aside_and_rebuilt_from_the_cdi_specs(
+        fake_api: FakeApiServer, node: SimNode) -> None:
+    uid = _domain(fake_api, entry="Ready")
+    _started(node)
+    daemon = _claim(fake_api, "imex", device="daemon-0", request="daemon",
+                    parameters=daemon_config(uid))
+    channel = _claim(fake_api, "worker", device="channel-0", parameters=channel_config(uid))
+    assert node.prepare(daemon)["error"] == "" and node.prepare(channel)["error"] == ""
+    node.stop_plugin()
+    (node.data / "compute-domain-checkpoint.json").write_text('{"version": 1, "claims": [')
+    node.start_plugin()
+    node.wait_plugin()
+    assert "checkpoint unreadable: set aside" in node.log()
+    assert [p.name.split(".unreadable-")[0] for p in node.data.glob("*.unreadable-*")] == [
+        "compute-domain-checkpoint.json"]
+    recovered = _checkpoint(node)
+    assert {uid_: e["kind"] for uid_, e in recovered.items()} == {
+        daemon.uid: "daemon", channel.uid: "channel"}
+    assert recovered[daemon.uid]["domain"] == uid  # from the spec's mount
+    # The kubelet's retry of a prepare finishes from the API server ...
+    assert node.prepare(channel)["error"] == ""
+    assert _checkpoint(node)[channel.uid]["state"] == "completed"
+    # ... and its unprepare removes what the claim left, the domain's directory included.
+    assert node.unprepare(daemon)["error"] == ""
+    assert not (node.imex_root / uid).exists()
+    assert not spec_path(node.cdi_root, DRIVER_NAME, daemon.uid).exists()
