@@ -26,6 +26,7 @@ import contextlib
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,11 @@ daemons starting together), so the retries a domain costs stay near linear in it
 (bench/RESULTS.md, "IMEX daemons joining at once")."""
 STOP_WAIT = 5.0
 """Seconds the IMEX daemon has to exit after SIGTERM before it is killed."""
+RESTART_DELAY = 0.5
+RESTART_DELAY_CAP = 30.0
+"""An IMEX daemon that keeps exiting is started again after 0.5 s, 1 s, 2 s … at most
+30 s apart (reset once it reports READY): a crash loop shows in the entry (NotReady) and in
+the log without spinning the node's CPU."""
 
 
 class WorkloadError(Exception):
@@ -84,7 +90,8 @@ class WorkloadConfig:
 class ImexWorkload:
     def __init__(self, config: WorkloadConfig, api: RawApi, *,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 jitter: Callable[[], float] = random.random) -> None:
+                 jitter: Callable[[], float] = random.random,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._api = api
         self._sleep = sleep
@@ -93,6 +100,9 @@ class ImexWorkload:
         self._status: NodeStatus | None = None
         self._peers: tuple[str, ...] | None = None
         self.starts = 0
+        self._clock = clock
+        self._exits = 0  # in a row, without a READY in between
+        self._start_after = 0.0
 
     # --- status --------------------------------------------------------------------------
 
@@ -150,12 +160,24 @@ class ImexWorkload:
         child = self._child
         if child is not None and child.poll() is None:
             return
+        now = self._clock()
         if child is not None:
-            log.warning("IMEX daemon exited; starting it again", code=child.returncode)
+            self._child = None
+            self._exits += 1
+            delay = min(RESTART_DELAY_CAP, RESTART_DELAY * 2 ** (self._exits - 1))
+            self._start_after = now + delay
+            log.warning("IMEX daemon exited; starting it again", code=child.returncode,
+                        exits_in_a_row=self._exits, after_seconds=delay)
+        if now < self._start_after:
+            return
         config = self.config.imex_dir / CONFIG
         self._child = subprocess.Popen([*self.config.imex_command, "-c", str(config)],
                                        stdin=subprocess.DEVNULL)
         self.starts += 1
+
+    @property
+    def imex_running(self) -> bool:
+        return self._child is not None and self._child.poll() is None
 
     def _stop_child(self) -> None:
         child = self._child
@@ -182,10 +204,12 @@ class ImexWorkload:
             await asyncio.to_thread(write_nodes_in, c.imex_dir, peers)
             self._peers = peers
             log.info("IMEX peers", peers=list(peers))
-        crashed = self._child is not None and self._child.poll() is not None
+        crashed = self._child is None or self._child.poll() is not None
         self._ensure_running()
         answer = None if crashed else await asyncio.to_thread(c.query)
         status: NodeStatus = STATUS_READY if answer == "READY" else STATUS_NOT_READY
+        if status == STATUS_READY:
+            self._exits = 0
         if status != self._status:
             log.info("IMEX daemon state", status=status, daemon=answer or "not answering")
             self._status = status

@@ -91,3 +91,34 @@ async def test_peers_are_the_same_clique_and_a_stopped_daemon_leaves(
             stop.set()
             await running
         assert set(_entries(fake_api)) == {"tray-01", "tray-02"}  # it left; others stay
+
+
+@pytest.mark.asyncio
+async def test_an_imex_daemon_that_keeps_exiting_is_restarted_ever_later(
+        fake_api: FakeApiServer, tmp_path: Path) -> None:
+    uid = _domain(fake_api)
+    now = [0.0]
+    async with ApiSession.for_url(fake_api.url) as session:
+        workload = ImexWorkload(WorkloadConfig(
+            domain_uid=uid, domain_namespace="default", domain_name="rack", node="tray-00",
+            address="10.0.0.1", imex_dir=tmp_path / uid, clique=CLIQUE,
+            imex_command=[sys.executable, "-c", "raise SystemExit(3)"], query=lambda: None),
+            RawApi(session), clock=lambda: now[0])
+
+        async def round_once_exited() -> None:
+            await workload.round()
+            for _ in range(500):  # the crashing daemon's exit, not a clock
+                if not workload.imex_running:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("the daemon did not exit")
+
+        starts = []
+        for t in (0.0, 0.0, 0.4, 0.6, 1.5, 1.7, 3.6, 3.8):
+            now[0] = t
+            await round_once_exited()
+            starts.append(workload.starts)
+        # Started at 0; its exit seen at 0 (next start at 0.5 or later: at 0.6); that one's
+        # exit seen at 1.5 (next at 2.5 or later: at 3.6); then 2 s: a crash loop slows down.
+        assert starts == [1, 1, 1, 2, 2, 2, 3, 3]
+        assert _entries(fake_api)["tray-00"]["status"] == "NotReady"
