@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,12 +44,22 @@ class ChildLoad:
 
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
-        self._process = _start()
+        self._process: subprocess.Popen[bytes] | None = _start()
         self._connection: Connection | None = None
+        # The first API calls (publisher, claim fetch, status writer) may ask at once; one
+        # of them reads the child's answer, the others wait for it. Two communicate() calls
+        # on one process race on its pipes ("flush of closed file").
+        self._lock = threading.Lock()
 
     def __call__(self) -> Connection:
+        with self._lock:
+            return self._loaded()
+
+    def _loaded(self) -> Connection:
         if self._connection is None:
-            settings = _answer(self._process, self._plan)
+            # A child answers once: after a failure the next call asks a new one.
+            process, self._process = self._process or _start(), None
+            settings = _answer(process, self._plan)
             credentials: Credentials | None = None
             if self._plan.token_file is not None:
                 credentials = TokenFile(self._plan.token_file)

@@ -6,6 +6,7 @@ three commands: test_credentials_matrix.py."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,35 @@ def test_a_client_certificate_that_is_not_one_is_named(tmp_path, home):
                       user={"client-certificate": "u.crt", "client-key": "u.key"})
     with pytest.raises(KubeconfigError, match=r"^client-certificate and client-key: "):
         resolve(path, environ=env(), home=home)
+
+
+def test_first_calls_from_several_threads_share_one_childs_answer(tmp_path, home):
+    # The daemon's first API calls can come at once: one reads the child, the rest wait.
+    path = kubeconfig(tmp_path / "cfg", current="ctx", server="https://127.0.0.1:1",
+                      named_paths=False, user={"token": "from-child"})
+    found = plan(path, environ=env(), home=home)
+    assert isinstance(found, Plan)
+    load = found.in_child()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        connections = list(pool.map(lambda _: load(), range(4)))
+    assert all(connection is connections[0] for connection in connections)
+
+
+def test_after_a_failure_the_next_call_asks_a_new_child(tmp_path, home):
+    plugin_path = tmp_path / "plugin"
+    plugin = {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                       "command": str(plugin_path)}}
+    path = kubeconfig(tmp_path / "cfg", current="ctx", server="https://127.0.0.1:1",
+                      named_paths=False, user=plugin)
+    found = plan(path, environ=env(), home=home)
+    assert isinstance(found, Plan)
+    load = found.in_child()
+    with pytest.raises(KubeconfigError, match="exec plugin"):
+        load()
+    # The admin fixes the plugin; the daemon's retry must not reuse the finished child.
+    plugin_path.write_text(
+        "#!/bin/sh\necho '{\"apiVersion\": \"client.authentication.k8s.io/v1\","
+        " \"kind\": \"ExecCredential\", \"status\": {\"token\": \"fixed\"}}'\n")
+    plugin_path.chmod(0o755)
+    connection = load()
+    assert connection.server == "https://127.0.0.1:1"
