@@ -30,8 +30,9 @@ def test_demo_runs_end_to_end_and_leaves_nothing_behind(tmp_path):
         assert "→ prepared" in line, line
     top = out.splitlines()[out.splitlines().index("   gpudra top (with simulated load on the "
                                                   "devices):") + 1:][:7]
+    # MPS: where each shared GPU's control daemon runs (the demo's node shares one under MPS)
     assert top[0].split() == ["NAMESPACE", "CLAIM", "POD", "DEVICE", "SM%", "MEMORY", "POWER",
-                              "IDLE"]
+                              "IDLE", "MPS"]
     assert top[1].split()[1:5] == ["two-slices-one-gpu", "two-slices-one-gpu",
                                    "gpu-1-mig-1g10gb-19-3", "(1g.10gb)"]  # busiest first; GPM
     # figures for MIG; the POD column from the claim's reservedFor, as the scheduler sets it
