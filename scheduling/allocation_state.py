@@ -155,6 +155,19 @@ class Constraint:
         self.attribute = str(spec.get("distinctAttribute" if self.distinct else
                                       "matchAttribute", ""))
         self._values: list[tuple[str, Any]] = []
+        # distinctAttribute as the 1.36 scheduler keeps it (incubating/constraint.go,
+        # distinctAttributeConstraint: ``attributes map[string]DeviceAttribute`` keyed by the
+        # (parent) request name, and ``numDevices``): each device of a request overwrites
+        # that request's one entry, and ``remove`` deletes the entry outright. A candidate is
+        # therefore only compared with the last device each request took, so a request with
+        # count > 1, or requests after it, can be given devices with the same value (two
+        # GPUs of one NUMA node under a distinct numaNode). The claim's API contract
+        # (DeviceConstraint.distinctAttribute: "unique across those devices") says
+        # otherwise; upstream fixed it after 1.36 (kubernetes#140438, #140600). We predict
+        # what a 1.36 scheduler does, so we keep its bookkeeping; ``gpudra explain`` cannot
+        # tell the scheduler to honour the constraint.
+        self._last_by_request: dict[str, tuple[str, Any]] = {}
+        self._distinct_devices = 0
 
     @property
     def label(self) -> str:
@@ -164,21 +177,33 @@ class Constraint:
     def applies(self, base: str, full: str) -> bool:
         return not self.requests or base in self.requests or full in self.requests
 
-    def add(self, entry: DeviceEntry) -> str | None:
-        """Record the device, or say why the constraint rejects it."""
+    def add(self, entry: DeviceEntry, base: str) -> str | None:
+        """Record the device, picked for (parent) request ``base``, or say why the
+        constraint rejects it."""
         value = lookup_attribute(entry, self.attribute)
         if value is None:
             return f"{self.label}: the device has no such attribute"
         if self.distinct:
-            if value in self._values:
+            # The first device always fits (numDevices == 0); later ones are compared with
+            # the map's entries only. Values of another type never clash.
+            if self._distinct_devices and value in self._last_by_request.values():
                 return f"{self.label}: value {value[1]!r} is already taken"
-        elif self._values and value != self._values[0]:
+            self._last_by_request[base] = value
+            self._distinct_devices += 1
+            return None
+        if self._values and value != self._values[0]:
             return (f"{self.label}: value {value[1]!r} differs from {self._values[0][1]!r} "
                     "of the devices already chosen")
         self._values.append(value)
         return None
 
-    def remove(self, entry: DeviceEntry) -> None:
+    def remove(self, entry: DeviceEntry, base: str) -> None:
+        if self.distinct:
+            # As the 1.36 remove: the request's entry goes, even when an earlier device of
+            # the same request is still chosen.
+            self._last_by_request.pop(base, None)
+            self._distinct_devices -= 1
+            return
         value = lookup_attribute(entry, self.attribute)
         if value is not None and value in self._values:
             # Remove the last occurrence: removals come in reverse order of additions.

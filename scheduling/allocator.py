@@ -348,12 +348,12 @@ class _Run:
         for constraint in claim.constraints:
             if not constraint.applies(request.base, request.name):
                 continue
-            rejected = constraint.add(entry)
+            rejected = constraint.add(entry, request.base)
             if rejected is None:
                 added.append(constraint)
                 continue
             for done in added:
-                done.remove(entry)
+                done.remove(entry, request.base)
             if must:
                 raise AllocationError(
                     f"claim {claim.label}, request {request.name}: cannot add device "
@@ -374,7 +374,7 @@ class _Run:
         claim = self.claims[ci]
         for constraint in claim.constraints:
             if constraint.applies(request.base, request.name):
-                constraint.remove(entry)
+                constraint.remove(entry, request.base)
         claim.results.pop()
         consumed = claim.consumed.pop()
         if consumed is not None:
