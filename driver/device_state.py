@@ -453,6 +453,8 @@ class DeviceState:
             return results
         parents = {str(d.parent_uuid or d.uuid) for r in records.values() for d in r.devices
                    if d.parent_uuid or d.uuid}
+        parents |= {str(f.gpu_uuid) for r in records.values() for d in r.devices
+                    if d.vfio is not None for f in d.vfio.functions if f.gpu_uuid}
         try:
             with self.gpu_locks.hold(parents, self._lock_timeout):
                 results.update(self._unprepare_held(records))
@@ -564,6 +566,8 @@ def _parents_of(claims: Iterable[ClaimToPrepare], index: NodeIndex) -> set[str]:
             target = index.targets.get(device.device)
             if target is not None:
                 parents.add(target.uuid if isinstance(target, GpuTarget) else target.parent_uuid)
+            if isinstance(target, VfioTarget):  # its IOMMU group goes with it
+                parents.update(target.group_gpus)
     return parents
 
 

@@ -8,7 +8,7 @@ be wrong with a claim is found here, before any hardware or file is changed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from gpudra.api.configs import DeviceConfig
@@ -25,7 +25,7 @@ from gpudra.driver.gpu_shares import SHARED_TYPE, shared_device_minor
 from gpudra.driver.inventory import GpuRecord, NodeInventory
 from gpudra.driver.mig import MigProfile, Placement, parse_device_name
 from gpudra.driver.shares import ShareEntry, limits_for
-from gpudra.driver.vfio_model import VFIO
+from gpudra.driver.vfio_model import IOMMU_GROUP, VFIO
 from gpudra.driver.vfio_model import device_minor as vfio_device_minor
 from gpudra.driver.vfio_sysfs import sysfs_bus_id
 
@@ -73,6 +73,8 @@ class VfioTarget(GpuTarget):
 
     bus_id: str = ""
     """Sysfs form."""
+    group_gpus: tuple[str, ...] = ()
+    """The other GPUs of its IOMMU group (they go to the VM too): locked with it."""
 
 
 Target = GpuTarget | StaticMigTarget | DynamicMigTarget
@@ -131,7 +133,7 @@ class NodeIndex:
             target = _target(device.name, device.type, device.attributes.get("uuid"), gpus)
             if target is not None:
                 targets[device.name] = target
-        return cls(pool, devices, targets)
+        return cls(pool, devices, _with_group_gpus(devices, targets))
 
 
 def _share_target(device: Device, gpus: Mapping[int, GpuRecord]) -> ShareTarget | None:
@@ -143,6 +145,24 @@ def _share_target(device: Device, gpus: Mapping[int, GpuRecord]) -> ShareTarget 
                        capacity=tuple(sorted(device.capacity.items())),
                        policies=tuple(sorted(device.request_policies.items())),
                        tainted=None if taint is None else f"{taint.key}={taint.value}")
+
+
+def _with_group_gpus(devices: NodeDevices, targets: dict[str, Target]) -> dict[str, Target]:
+    """Each vfio target with the other GPUs published in its IOMMU group."""
+    groups: dict[int, list[str]] = {}
+    for device in devices.devices:
+        group, uuid = device.attributes.get(IOMMU_GROUP), device.attributes.get("uuid")
+        if device.type == VFIO and isinstance(group, int) and isinstance(uuid, str):
+            groups.setdefault(group, []).append(uuid)
+    if all(len(members) == 1 for members in groups.values()):
+        return targets  # one GPU per group: nothing to add (the common case)
+    for device in devices.devices:
+        target = targets.get(device.name)
+        group = device.attributes.get(IOMMU_GROUP)
+        if isinstance(target, VfioTarget) and isinstance(group, int):
+            targets[device.name] = replace(target, group_gpus=tuple(
+                u for u in groups[group] if u != target.uuid))
+    return targets
 
 
 def _vfio_target(device: Device, gpus: Mapping[int, GpuRecord]) -> VfioTarget | None:

@@ -7,6 +7,7 @@ GPU left on ``vfio-pci`` without a claim."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -343,3 +344,26 @@ async def test_a_gpu_on_vfio_pci_that_no_claim_holds_is_named_and_left_alone(dae
     assert sysfs.driver(BUS[2]) == "vfio-pci"  # not ours to change
     await eventually(lambda: "gpu-0" in published(fake_api), "GPUs published")
     assert "gpu-2" not in published(fake_api)  # NVML cannot see it: nobody is offered it
+
+
+async def test_a_vm_taking_a_group_locks_every_gpu_of_it(daemon, fake_api):
+    """A vfio claim holds the locks of every GPU of its IOMMU group while it works, so a
+    claim for another GPU of the group, arriving meanwhile in another kubelet call, waits and
+    is then refused, instead of being prepared on a GPU that is going to the VM."""
+    daemon.start()  # lays out sysfs
+    daemon.stop()
+    share_iommu_group(daemon.sim_state, [0, 1])
+    vm = vfio_claim(fake_api, "vm", 1)
+    pod = create_claim(fake_api, "pod", devices=["gpu-0"])
+    daemon.env["GPUDRA_DELAY_AT"] = "prepare:hardware=2"  # the VM's prepare is slow
+    daemon.start()
+    async with await KubeletEmulator.discover(daemon.registrar) as kubelet:
+        first = asyncio.ensure_future(kubelet.prepare([vm]))
+        # The VM's claim is recorded as started before its slow part: now send the pod's.
+        await eventually(lambda: vm.uid in checkpoint_claims(daemon), "the VM's prepare started")
+        second = await kubelet.prepare([pod])
+        assert (await first)[vm.uid]["error"] == ""
+    error = second[pod.uid]["error"]
+    assert "passes through its IOMMU group" in error and "default/vm" in error, error
+    assert sysfs(daemon).driver(BUS[0]) == "vfio-pci"
+    assert set(checkpoint_claims(daemon)) == {vm.uid}
