@@ -33,7 +33,6 @@ COMMANDS = {
     "compute-domain-daemon": "compute_domain_daemon_cmd",
     "wait-for-driver": "wait_for_driver_cmd",
     "mps-control-daemon": "mps_daemon_cmd",
-    "mps-control-daemon": "mps_daemon_cmd",
     "sim": "sim_cmd",
     "top": "top_cmd",
     "demo": "demo_cmd",
