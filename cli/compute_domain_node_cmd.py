@@ -35,6 +35,9 @@ def add_parser(sub: Any) -> None:
                         help="checkpoint directory (env DATA_DIR; default "
                              "<plugins-dir>/compute-domain.nvidia.com)")
     parser.add_argument("--cdi-root", type=Path, default=env("CDI_ROOT", "/var/run/cdi"))
+    parser.add_argument("--driver-root", type=Path, default=env("DRIVER_ROOT"),
+                        help="NVIDIA driver root as this process sees it, searched for the "
+                             "NVML library (env DRIVER_ROOT; default /)")
     parser.add_argument("--imex-root", type=Path, default=env("IMEX_ROOT"),
                         help="per-domain IMEX config directories (env IMEX_ROOT; default "
                              "<data-dir>/imex)")
@@ -87,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         plugins_dir=args.plugins_dir, pod_uid=args.pod_uid or None, data_dir=data,
         cdi_root=args.cdi_root, imex_root=imex, host_imex_root=args.host_imex_root or imex,
         dev_root=dev, host_dev_root=args.host_dev_root or dev, simulate=args.simulate,
-        sim_state=args.sim_state, channels=args.channels, daemons=args.daemons,
+        sim_state=args.sim_state, driver_root=args.driver_root, channels=args.channels,
+        daemons=args.daemons,
         fabric_poll=max(0.0, args.fabric_poll))
     configure_logging(fmt=args.log_format)
 

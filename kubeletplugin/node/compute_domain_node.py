@@ -68,6 +68,8 @@ class ComputeDomainNodeConfig:
     host_dev_root: Path
     simulate: str | None = None
     sim_state: Path | None = None
+    driver_root: Path | None = None
+    """Where the NVML library is looked for first on a real node (the chart's mount)."""
     channels: int = 8
     daemons: int = 8
     registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
@@ -187,7 +189,8 @@ def _open_nvml(config: ComputeDomainNodeConfig) -> Nvml:
     from gpudra.driver.nvml import open_nvml
 
     make_dirs(config.data_dir, DIR_MODE)
-    return open_nvml(simulate=config.simulate, sim_state=config.sim_state)
+    return open_nvml(simulate=config.simulate, sim_state=config.sim_state,
+                     driver_root=config.driver_root)
 
 
 def _fabric(nvml: Nvml) -> FabricInfo | None:

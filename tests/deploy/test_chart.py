@@ -146,9 +146,17 @@ def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def gpu_daemonset(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GPU node daemon's DaemonSet (with computeDomains.enabled there is a second one,
+    compute-domain-node's)."""
+    (found,) = [o for o in of_kind(objs, "DaemonSet") if o["spec"]["selector"]["matchLabels"]
+                .get("app.kubernetes.io/component") == "kubelet-plugin"]
+    return found
+
+
 def daemon(values: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     """The node daemon's pod spec."""
-    spec: dict[str, Any] = one(objects(values, **kwargs), "DaemonSet")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = gpu_daemonset(objects(values, **kwargs))["spec"]["template"]["spec"]
     return spec
 
 

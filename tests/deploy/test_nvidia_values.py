@@ -23,6 +23,7 @@ from tests.deploy.test_chart import (
     SCHEMA_VERSION,
     container,
     daemon,
+    gpu_daemonset,
     helm,
     notes,
     objects,
@@ -123,23 +124,25 @@ def test_nvidia_values_render_to_valid_kubernetes(name):
             "DeviceClass"} <= {o["kind"] for o in objs}
     for obj in objs:
         validate(obj)
-    _daemonset_rules(one(objs, "DaemonSet"))
+    for ds in of_kind(objs, "DaemonSet"):
+        _daemonset_rules(ds)
 
 
 def test_nvidias_max_unavailable_replaces_without_a_surge():
     """NVIDIA's maxUnavailable "100%" beside the chart's maxSurge 1 is a DaemonSet the API
     server refuses: the surge goes, and the notes say what that costs."""
-    strategy = one(objects(DEFAULTS), "DaemonSet")["spec"]["updateStrategy"]
+    strategy = gpu_daemonset(objects(DEFAULTS))["spec"]["updateStrategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
     assert "replaced without a surge" in notes(DEFAULTS)
-    default = one(objects(), "DaemonSet")
+    default = gpu_daemonset(objects())
     assert default["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1,
                                                                   "maxUnavailable": 0}
     _daemonset_rules(default)
     assert "without a surge" not in notes()
     one_at_a_time = {"kubeletPlugin": {"updateStrategy": {"rollingUpdate": {
         "maxSurge": 0, "maxUnavailable": 1}}}}
-    _daemonset_rules(one(objects(one_at_a_time), "DaemonSet"))
+    for ds in of_kind(objects(one_at_a_time), "DaemonSet"):
+        _daemonset_rules(ds)
     assert "without a surge" not in notes(one_at_a_time)  # nothing was dropped
 
 
@@ -252,7 +255,7 @@ def test_bad_resource_api_version_fails_the_schema():
 
 def test_namespace_service_account_and_pull_settings():
     objs = objects(CUSTOM, namespace="default")  # namespaceOverride makes default harmless
-    ds = one(objs, "DaemonSet")
+    ds = gpu_daemonset(objs)
     assert ds["metadata"]["namespace"] == "gpu-operator"
     account = one(objs, "ServiceAccount")
     assert account["metadata"]["name"] == "dra-gpu"
@@ -278,7 +281,7 @@ def test_scheduling_values_keep_their_meaning():
     assert spec["nodeSelector"] == plugin["nodeSelector"]
     assert spec["tolerations"] == plugin["tolerations"]
     assert spec["affinity"] == plugin["affinity"]
-    ds = one(objects(CUSTOM), "DaemonSet")
+    ds = gpu_daemonset(objects(CUSTOM))
     assert ds["spec"]["template"]["metadata"]["annotations"] == plugin["podAnnotations"]
 
 
@@ -306,7 +309,7 @@ def test_an_unprivileged_nvidia_security_context_drops_bidirectional_propagation
     c = container(values)
     assert c["securityContext"]["privileged"] is False
     assert "mountPropagation" not in {m["name"]: m for m in c["volumeMounts"]}["plugins"]
-    validate(one(objects(values), "DaemonSet"))
+    validate(gpu_daemonset(objects(values)))
 
 
 def test_gpudra_values_win_over_nvidias_container_values():
@@ -405,7 +408,7 @@ def test_compute_domains_map_to_gpudras():
 
 def _ports(values: dict[str, Any]) -> tuple[str | None, int, int]:
     objs = objects(values)
-    (c,) = one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    (c,) = gpu_daemonset(objs)["spec"]["template"]["spec"]["containers"]
     address = next((a for a in c["args"] if a.startswith("--http-address=")), None)
     (service_port,) = one(objs, "Service")["spec"]["ports"]
     return address, c["ports"][0]["containerPort"], service_port["port"]
