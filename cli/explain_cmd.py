@@ -114,8 +114,10 @@ def _renamed(slices: list[dict[str, Any]], old: str, new: str) -> Iterator[dict[
 
 
 def simulated_cluster(args: argparse.Namespace) -> Cluster:
+    from gpudra.cli.explain_compute_domains import simulated_slices
     from gpudra.cli.inventory_cmd import collect_devices
     from gpudra.controller.slices import build_slices
+    from gpudra.scheduling.explain_compute_domain import device_classes as domain_classes
 
     if args.nodes < 1:
         raise UsageError("--nodes must be at least 1")
@@ -123,10 +125,17 @@ def simulated_cluster(args: argparse.Namespace) -> Cluster:
     nodes = [f"{args.simulate}-{i}" for i in range(args.nodes)]
     # Building slices costs milliseconds per node; identical nodes share one build.
     first = build_slices(devices, driver=args.driver_name, node_name=nodes[0])
+    classes = deploy_classes(args.driver_name)
+    # A GB200-class profile: the compute-domain pool gpudra compute-domain-node publishes.
+    domains = simulated_slices(args, nodes[0])
+    if domains:
+        first = [*first, *domains]
+        classes += [c for c in domain_classes()
+                    if c["metadata"]["name"] not in {d["metadata"]["name"] for d in classes}]
     slices = list(first)
     for node in nodes[1:]:
         slices.extend(_renamed(first, nodes[0], node))
-    return Cluster(slices, deploy_classes(args.driver_name), nodes)
+    return Cluster(slices, classes, nodes)
 
 
 def cluster_from_kubeconfig(access: ClusterAccess) -> Cluster:
@@ -260,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
     from gpudra.cli import manifests
     from gpudra.scheduling.allocator import Allocator
     from gpudra.scheduling.explain import explain
+    from gpudra.scheduling.explain_compute_domain import domain_templates
     from gpudra.scheduling.explain_subjects import ExplainError, subjects
 
     inputs = [(path, read_documents(path)) for path in manifests.expand(args.files)]
@@ -269,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
     for path, docs in inputs:
         _refuse_invalid(path, docs, args.driver_name)
     try:
+        documents += domain_templates(documents)  # the channel templates of ComputeDomains
         found, class_docs = subjects(documents)
     except ExplainError as exc:
         raise UsageError(f"{', '.join(str(p) for p, _ in inputs)}: {exc}") from exc
