@@ -38,6 +38,9 @@ SCENARIOS: tuple[tuple[str, ...], ...] = (
     ("dgx-h100", "--feature-gates", "DynamicMIG=false", "--shareable-gpus", "0,1,2"),
     # A100/A30 MIG mode is off: their placements need the admin's opt-in (#30 item 5)
     ("dgx-a100", "--dynamic-mig-gpus", "all", "--allow-mig-mode-change", "all"),
+    # Without the opt-in: 8 full GPUs, two per NUMA node, where the 1.36 distinctAttribute
+    # bookkeeping (allocation_state.Constraint) shows; it must stay covered.
+    ("dgx-a100", "--dynamic-mig-gpus", "all"),
     ("dgx-a100", "--feature-gates", "DynamicMIG=false", "--shareable-gpus", "all"),
     ("dgx-a100-static-mig", "--dynamic-mig-gpus", "all", "--allow-mig-mode-change", "all"),
     ("dgx-a100-static-mig", "--shareable-gpus", "all"),
@@ -412,3 +415,48 @@ def make_case(index: int, seed: int, scenarios: Sequence[Scenario]) -> Case:
         requests = [r for c in claims for r in c["spec"]["devices"]["requests"]]
         if len(requests) == 1 or sum(_wanted(r) for r in requests) <= MAX_SEARCH_DEVICES:
             return Case(index, scenario, variant, allocated, claims)
+
+
+# --- pinned cases ---------------------------------------------------------------------------
+
+PINNED_SCENARIO = " ".join(("dgx-a100", "--dynamic-mig-gpus", "all"))
+"""8 full GPUs, two per NUMA node (the A100's MIG placements are off without the opt-in)."""
+PINNED_COUNTS = ((4,), (2, 2), (2, 1), (1, 2), (3,), (1, 1, 1), (5,))
+PINNED_HELD = ((), ("gpu-2",), ("gpu-2", "gpu-3"), ("gpu-1", "gpu-6"))
+PINNED_ATTRIBUTES = (f"{DRIVER}/numaNode", "numaNode", "resource.kubernetes.io/numaNode")
+
+
+def _held(devices: Sequence[str]) -> list[dict[str, Any]]:
+    if not devices:
+        return []
+    results = [{"request": f"r{i}", "driver": DRIVER, "pool": NODE, "device": d}
+               for i, d in enumerate(devices)]
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "a0", "namespace": "default"},
+             "spec": {"devices": {"requests": [
+                 {"name": r["request"], "exactly": {"deviceClassName": "any.test"}}
+                 for r in results]}},
+             "status": {"allocation": {"devices": {"results": results}}}}]
+
+
+def pinned_cases(first_index: int, scenarios: Sequence[Scenario]) -> list[Case]:
+    """Fixed cases besides the seeded ones: ``distinctAttribute`` on a NUMA attribute over
+    several full GPUs of a DGX A100, some held. There the 1.36 allocator keeps one value per
+    request name (``gpudra.scheduling.allocation_state.Constraint``), so its answers differ
+    from the API's "unique across those devices"; the seeded draw reaches such claims rarely
+    (a differential run once found one, then a scenario change hid it)."""
+    scenario = next(s for s in scenarios if s.name == PINNED_SCENARIO)
+    cases = []
+    for attribute in PINNED_ATTRIBUTES:
+        for counts in PINNED_COUNTS:
+            for held in PINNED_HELD:
+                requests = [{"name": f"r{i}", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com", "count": c}}
+                    for i, c in enumerate(counts)]
+                claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                         "metadata": {"name": "c0", "namespace": "default"},
+                         "spec": {"devices": {"requests": requests, "constraints": [
+                             {"distinctAttribute": attribute}]}}}
+                cases.append(Case(first_index + len(cases), scenario, "plain", _held(held),
+                                  [claim]))
+    return cases

@@ -16,7 +16,8 @@ requests) go through both, and must agree:
   with the slices in the opposite order, and only a choice that changes with the order is
   excused (counted, and reported when the test fails).
 
-``DIFFERENTIAL_CASES`` (default 5000) and ``DIFFERENTIAL_SEED`` choose the cases.
+``DIFFERENTIAL_CASES`` (default 5000) and ``DIFFERENTIAL_SEED`` choose the seeded cases; the
+pinned ones (``pinned_cases``) run after them whatever the seed.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from tests.scheduling.differential_cases import (
     build_scenarios,
     device_classes,
     make_case,
+    pinned_cases,
     write_inputs,
 )
 
@@ -153,6 +155,7 @@ class Comparison:
 def _cases(scenarios: list[Scenario]) -> Iterator[Case]:
     for index in range(CASES):
         yield make_case(index, SEED, scenarios)
+    yield from pinned_cases(CASES, scenarios)
 
 
 def test_reference_allocator_agrees_with_the_real_one(tmp_path: Path) -> None:
@@ -180,7 +183,7 @@ def test_reference_allocator_agrees_with_the_real_one(tmp_path: Path) -> None:
     own = resource.getrusage(resource.RUSAGE_SELF)
     # CPU time does not depend on what else the machine runs: (ours + oracle) / 2 is the
     # wall time on two otherwise idle cores.
-    summary = (f"{CASES} cases in {elapsed:.1f} s wall, CPU: this process "
+    summary = (f"{len(pending)} cases in {elapsed:.1f} s wall, CPU: this process "
                f"{own.ru_utime + own.ru_stime:.1f} s (allocating {comparison.ours_seconds:.1f} s "
                f"wall), dra-allocate {children.ru_utime + children.ru_stime:.1f} s: "
                f"{dict(comparison.tally)}")
