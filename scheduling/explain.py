@@ -20,7 +20,7 @@ from gpudra.scheduling.allocator import Allocator
 from gpudra.scheduling.catalog import STANDARD_ATTRIBUTES, STANDARD_DOMAIN, suggest
 from gpudra.scheduling.cel import CelCompileError, DeviceView, compile_selector
 from gpudra.scheduling.cel.values import split_name
-from gpudra.scheduling.explain_compute_domain import compute_domain_verdict
+from gpudra.scheduling.explain_compute_domain import compute_domain_verdict, config_problems
 from gpudra.scheduling.explain_configs import decode_problems, device_problems
 from gpudra.scheduling.explain_holders import name_holders
 from gpudra.scheduling.explain_mig_mode import mig_mode_hints
@@ -122,6 +122,8 @@ def explain(subject: Subject, allocator: Allocator, nodes: Sequence[str],
     config_errors = decode_problems(subject, allocator, driver)
     if fitting and not config_errors:
         config_errors = device_problems(subject, allocator, verdict_allocation, driver)
+    if fitting and not config_errors:  # the ComputeDomain configs, as its node side reads them
+        config_errors = config_problems(subject, verdict_allocation)
     verdict = _verdict(subject, allocations, fitting, hints, config_errors)
     # IMEX channels: the wait for ComputeDomainReady, or why not in the domain's words.
     verdict, more = compute_domain_verdict(allocations, fitting, allocator, verdict)

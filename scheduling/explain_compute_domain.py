@@ -25,7 +25,7 @@ from typing import Any
 
 from gpudra.scheduling.allocation_trace import Allocation, RequestTrace, is_usable
 from gpudra.scheduling.allocator import Allocator
-from gpudra.scheduling.explain_subjects import ExplainError
+from gpudra.scheduling.explain_subjects import ExplainError, Subject
 from gpudra.scheduling.validate import objects
 
 # gpudra.api.compute_domain's names, repeated: that module loads pydantic, which explain
@@ -224,3 +224,73 @@ def compute_domain_verdict(allocations: Sequence[Allocation], fitting: Sequence[
     scheduler = verdict.removeprefix("NOT ALLOCATABLE: ")
     hints.append(f"the allocator's own words: {scheduler}")
     return f"NOT ALLOCATABLE: {reason}{where}", hints
+
+
+# --- the configs, as the node side reads them at prepare ------------------------------------
+
+_CONFIG_KINDS = {DEVICE_TYPE_CHANNEL: "ComputeDomainChannelConfig",
+                 DEVICE_TYPE_DAEMON: "ComputeDomainDaemonConfig"}
+_API_VERSION = f"{_GROUP}/v1beta1"
+
+
+def _config_problem(params: Any, kind: str, where: str) -> str | None:
+    """What ``gpudra compute-domain-node`` says of one config at prepare, if it refuses."""
+    wanted = _CONFIG_KINDS[kind]
+    if not isinstance(params, Mapping) or params.get("apiVersion") != _API_VERSION:
+        return f"{where}: expected apiVersion {_API_VERSION}"
+    if params.get("kind") != wanted:
+        return (f"{where}.kind: {params.get('kind')!r} does not configure {kind} devices "
+                f"(want {wanted})")
+    from gpudra.api import compute_domain as cd
+
+    try:
+        (cd.parse_channel_config if kind == DEVICE_TYPE_CHANNEL else cd.parse_daemon_config)(
+            dict(params))
+    except cd.ComputeDomainError as exc:
+        return f"{where}: {exc}"
+    return None
+
+
+def config_problems(subject: Subject, allocation: Allocation) -> list[str]:
+    """Per claim with compute-domain devices in the allocation: the one config naming its
+    domain, as the node side wants it (a claim written by hand often has none)."""
+    found: list[str] = []
+    for index, (claim, result) in enumerate(zip(subject.claims, allocation.results or [],
+                                                strict=False)):
+        title, prefix = subject.source(index)
+        wanted: dict[str, set[str]] = {}
+        for item in result["devices"]["results"]:
+            if item["driver"] == DRIVER_NAME:
+                kind = str(item["device"]).partition("-")[0]
+                if kind in _CONFIG_KINDS:
+                    wanted.setdefault(kind, set()).add(str(item["request"]).split("/")[0])
+        configs = ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
+        for kind, requests in sorted(wanted.items()):
+            domains, problems = set(), []
+            for i, config in enumerate(configs):
+                opaque = config.get("opaque") if isinstance(config, Mapping) else None
+                if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER_NAME:
+                    continue
+                applies = {str(r).split("/")[0] for r in config.get("requests") or []}
+                if applies and not applies & requests:
+                    continue
+                params = opaque.get("parameters")
+                problem = _config_problem(params, kind, f"{prefix}.config[{i}].opaque."
+                                                        "parameters")
+                if problem:
+                    problems.append(f"{title}: {problem}")
+                elif isinstance(params, Mapping):
+                    domains.add(str(params.get("domainID")))
+            found.extend(problems)
+            if not problems and not domains:
+                found.append(
+                    f"{title}: {prefix}.config: no {_CONFIG_KINDS[kind]} for driver "
+                    f"{DRIVER_NAME} and request {', '.join(sorted(requests))} (which "
+                    "ComputeDomain?): " + (
+                        "use the ResourceClaimTemplate the ComputeDomain names"
+                        if kind == DEVICE_TYPE_CHANNEL else
+                        "daemon claims come from the template gpudra controller makes"))
+            elif len(domains) > 1:
+                found.append(f"{title}: {prefix}.config: its configs name several "
+                             f"ComputeDomains ({', '.join(sorted(domains))})")
+    return found

@@ -19,6 +19,7 @@ from gpudra.scheduling.explain_subjects import ExplainError, Subject, subjects
 from tests.scheduling.test_allocator import h100_node
 
 RACK = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
+UID = "6b1f0f8e-3c1a-4b7e-9d2a-5e8f7a6b5c4d"
 CLASSES = default_device_classes("gpu.nvidia.com") + device_classes()
 
 
@@ -61,8 +62,11 @@ def _explain(slices: list[dict[str, Any]], claim: dict[str, Any], nodes: list[st
 
 
 def test_a_channel_fits_and_the_pod_waits_for_the_domains_daemon():
-    result = _explain(_pool("tray-0", _fabric()), _claim("worker", [CHANNEL]), ["tray-0"])
-    assert result.allocatable
+    claim = _claim("worker", [CHANNEL])
+    claim["spec"]["devices"]["config"] = [{"opaque": {
+        "driver": cd.DRIVER_NAME, "parameters": cd.channel_config(UID)}}]
+    result = _explain(_pool("tray-0", _fabric()), claim, ["tray-0"])
+    assert result.ok
     assert result.verdict == (
         "ALLOCATABLE on node tray-0: channel -> channel-0; then WAITS for ComputeDomainReady "
         "(the ComputeDomain's IMEX daemon on tray-0 Ready) before the pod binds")
@@ -74,7 +78,10 @@ def test_a_channel_fits_and_the_pod_waits_for_the_domains_daemon():
 
 
 def test_a_daemon_slot_has_no_binding_condition():
-    result = _explain(_pool("tray-0", _fabric()), _claim("imex", [DAEMON]), ["tray-0"])
+    claim = _claim("imex", [DAEMON])
+    claim["spec"]["devices"]["config"] = [{"requests": ["daemon"], "opaque": {
+        "driver": cd.DRIVER_NAME, "parameters": cd.daemon_config(UID)}}]
+    result = _explain(_pool("tray-0", _fabric()), claim, ["tray-0"])
     assert result.verdict == "ALLOCATABLE on node tray-0: daemon -> daemon-0"
     assert result.hints == []
 
@@ -220,3 +227,44 @@ def test_the_names_explain_repeats_are_the_apis():
                  "ATTRIBUTE_CLIQUE_ID"):
         assert getattr(ecd, name) == getattr(cd, name), name
     assert (ecd._GROUP, ecd._KIND) == (cd.GROUP, cd.KIND)
+
+
+# --- configs, as the node side reads them at prepare ----------------------------------------
+
+def _configured(parameters: Any, requests: list[str] | None = None) -> dict[str, Any]:
+    claim = _claim("worker", [CHANNEL])
+    entry: dict[str, Any] = {"opaque": {"driver": cd.DRIVER_NAME, "parameters": parameters}}
+    if requests is not None:
+        entry["requests"] = requests
+    claim["spec"]["devices"]["config"] = [entry]
+    return claim
+
+
+
+@pytest.mark.parametrize(("parameters", "requests", "says"), [
+    (cd.channel_config(UID), None, None),
+    (cd.channel_config(UID), ["channel"], None),
+    (None, None, "spec.devices.config: no ComputeDomainChannelConfig for driver "
+                 "compute-domain.nvidia.com and request channel (which ComputeDomain?)"),
+    (cd.channel_config(UID), ["other"], "no ComputeDomainChannelConfig"),
+    (cd.daemon_config(UID), None, "spec.devices.config[0].opaque.parameters.kind: "
+                                  "'ComputeDomainDaemonConfig' does not configure channel "
+                                  "devices (want ComputeDomainChannelConfig)"),
+    ({**cd.channel_config(UID), "domainID": "../etc"}, None,
+     "spec.devices.config[0].opaque.parameters: ComputeDomainChannelConfig"),
+    ({**cd.channel_config(UID), "apiVersion": "v1"}, None,
+     "expected apiVersion resource.nvidia.com/v1beta1"),
+], ids=["ok", "ok-for-request", "none", "other-request", "daemon-kind", "bad-uid",
+        "bad-version"])
+def test_a_channel_claims_config_is_checked_as_the_node_side_reads_it(parameters, requests,
+                                                                      says):
+    claim = _claim("worker", [CHANNEL]) if parameters is None else _configured(parameters,
+                                                                              requests)
+    result = _explain(_pool("tray-0", _fabric()), claim, ["tray-0"])
+    if says is None:
+        assert result.ok and result.config_errors == [], result.config_errors
+        return
+    assert result.allocatable and not result.ok
+    (error,) = result.config_errors
+    assert error.startswith("ResourceClaim default/worker: ") and says in error, error
+    assert result.verdict.startswith(f"FAILS AT PREPARE: {error}")
