@@ -164,3 +164,14 @@ def test_a_bad_domain_is_a_usage_error_naming_it_and_the_field(tmp_path, capsys)
     err = capsys.readouterr().err
     assert code == 2
     assert "ComputeDomain default/training" in err and "numNodes" in err, err
+
+
+def test_the_readme_shows_what_explain_prints(capsys):
+    readme = (EXAMPLE / "README.md").read_text()
+    command = "gpudra explain examples/compute-domain/ --simulate gb200-nvl72 --nodes 4"
+    assert f"$ {command}\n" in readme
+    argv = command.split()[1:]
+    argv[1] = str(EXAMPLE)  # wherever the tests run from
+    assert main(argv) == 0
+    verdict = capsys.readouterr().out.splitlines()[-1]
+    assert f"\n{verdict}\n" in readme
