@@ -157,8 +157,8 @@ def _why_not(trace: RequestTrace, kind: str, node: str, allocator: Allocator) ->
 
 
 def _clique_constraint(trace: RequestTrace) -> str | None:
-    """A matchAttribute on cliqueID that rejected devices of another driver (a GPU request
-    tied to a channel's clique): the GPUs publish no compute-domain cliqueID."""
+    """A matchAttribute on cliqueID that rejected usable devices: channels of two cliques,
+    or devices of another driver (GPUs tied to a channel's clique publish no cliqueID)."""
     for outcome in trace.outcomes:
         if outcome.code == "constraint" and ATTRIBUTE_CLIQUE_ID in outcome.reason:
             return (f"matchAttribute on {DRIVER_NAME}/{ATTRIBUTE_CLIQUE_ID} cannot be "
