@@ -156,7 +156,10 @@ def configure_logging(*, fmt: LogFormat = "auto", level: str = "info",
         processors=[*shared, renderer],
         logger_factory=LineLoggerFactory(out, handler.lock),
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        cache_logger_on_first_use=True,
+        # Not cached: a module's logger cached on first use keeps the configuration of that
+        # moment for good, so a second command in the same process (the demo, tests) would
+        # log to the first one's stream, and structlog's capture_logs would see nothing.
+        cache_logger_on_first_use=False,
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

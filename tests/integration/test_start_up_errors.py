@@ -212,7 +212,8 @@ def test_the_first_log_line_names_the_version_and_the_feature_gates(node):
     assert first["version"] == metadata.version("gpudra")
     assert first["feature_gates"] == {"DynamicMIG": True, "TimeSlicingSettings": True,
                                       "MPSSupport": False, "ComputeModeSettings": True,
-                                      "DeviceHealthCheck": True, "ConsumableCapacity": True}
+                                      "DeviceHealthCheck": True, "ConsumableCapacity": True,
+                                      "PassthroughSupport": False}
     assert daemon.stop() == 0
 
 
