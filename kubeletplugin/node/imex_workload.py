@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
 import subprocess
 import sys
@@ -99,6 +100,7 @@ class ImexWorkload:
         self._child: subprocess.Popen[bytes] | None = None
         self._status: NodeStatus | None = None
         self._peers: tuple[str, ...] | None = None
+        self._bad: list[str] = []
         self.starts = 0
         self._clock = clock
         self._exits = 0  # in a row, without a READY in between
@@ -197,9 +199,17 @@ class ImexWorkload:
         c = self.config
         obj = await self.upsert(self._status or STATUS_NOT_READY)
         nodes = (obj.get("status") or {}).get("nodes") or []
-        peers = tuple(sorted({str(n.get("ipAddress")) for n in nodes
-                              if isinstance(n, dict) and n.get("cliqueID") == c.clique
-                              and n.get("ipAddress")} | {c.address}))
+        addresses = {str(n.get("ipAddress")) for n in nodes
+                     if isinstance(n, dict) and n.get("cliqueID") == c.clique
+                     and n.get("ipAddress")}
+        # Other daemons write these entries: one that is not an address is left out (and
+        # said), rather than failing every daemon of the domain at write_nodes_in's check.
+        bad = sorted(a for a in addresses if not _is_ip(a))
+        if bad and bad != self._bad:
+            log.warning("peer entries without an IP address left out",
+                        addresses=[a[:64] for a in bad[:8]])
+        self._bad = bad
+        peers = tuple(sorted((addresses - set(bad)) | {c.address}))
         if peers != self._peers:
             await asyncio.to_thread(write_nodes_in, c.imex_dir, peers)
             self._peers = peers
@@ -261,3 +271,11 @@ def real_imex(binary: str, ctl: str) -> tuple[list[str], Callable[[], str | None
         return done.stdout.strip() or None
 
     return [binary], query
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -122,3 +122,33 @@ async def test_an_imex_daemon_that_keeps_exiting_is_restarted_ever_later(
         # exit seen at 1.5 (next at 2.5 or later: at 3.6); then 2 s: a crash loop slows down.
         assert starts == [1, 1, 1, 2, 2, 2, 3, 3]
         assert _entries(fake_api)["tray-00"]["status"] == "NotReady"
+
+
+@pytest.mark.asyncio
+async def test_a_peer_entry_that_is_not_an_address_is_left_out(
+        fake_api: FakeApiServer, tmp_path: Path) -> None:
+    # Any daemon of the domain can write status entries: a hostile one must neither put
+    # lines of its own in this node's IMEX config nor stop this daemon.
+    uid = _domain(fake_api)
+    async with ApiSession.for_url(fake_api.url) as session:
+        api = RawApi(session)
+        ready = _workload(api, uid, 0, tmp_path, answer="READY")
+        peer = _workload(api, uid, 1, tmp_path)
+        await peer.upsert("NotReady")
+        cd = fake_api.get("ComputeDomain", "rack", "default") or {}
+        cd["status"]["nodes"].append({"name": "evil", "ipAddress": "10.0.0.9\nIMEX_BAD=1",
+                                      "cliqueID": CLIQUE, "index": 7, "status": "Ready"})
+        fake_api.put(cd)  # as stored, status included
+        stop = asyncio.Event()
+        running = asyncio.create_task(ready.run(stop))
+        try:
+            for _ in range(400):  # until its first round has written its entry
+                if _entries(fake_api).get("tray-00", {}).get("status") == "Ready":
+                    break
+                await asyncio.sleep(0.02)
+            assert _entries(fake_api)["tray-00"]["status"] == "Ready"  # not stopped by it
+            nodes = (tmp_path / "tray-00" / uid / NODES_CONFIG).read_text().splitlines()
+            assert nodes == ["10.0.0.1", "10.0.0.2"]
+        finally:
+            stop.set()
+            await running
