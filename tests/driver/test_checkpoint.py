@@ -370,15 +370,20 @@ CRASHER = textwrap.dedent("""
 
     directory, min_rounds = Path(sys.argv[1]), int(sys.argv[2])
 
+    def record(j, generation):
+        return ClaimRecord(
+            uid=f"uid-{j:03d}", namespace="ns", name=f"claim-{j}", state=PREPARE_COMPLETED,
+            devices=[DeviceRecord(request_names=["gpu"], pool="node", device=f"gpu-{j}",
+                                  cdi_device_ids=[f"k8s/claim=uid-{j}"], kind="gpu")],
+            restore={"generation": generation})
+
+    CLAIMS = {f"uid-{j:03d}": record(j, 0) for j in range(150)}
+
     def big(generation):
-        claims = {
-            f"uid-{j:03d}": ClaimRecord(
-                uid=f"uid-{j:03d}", namespace="ns", name=f"claim-{j}", state=PREPARE_COMPLETED,
-                devices=[DeviceRecord(request_names=["gpu"], pool="node", device=f"gpu-{j}",
-                                      cdi_device_ids=[f"k8s/claim=uid-{j}"], kind="gpu")],
-                restore={"generation": generation})
-            for j in range(150)
-        }
+        # One claim changes per save, as in the daemon: the encoder's cache makes the rest
+        # cheap, so most of a save is the file's write, sync and rename (where kills matter)
+        j = generation % 150
+        claims = {**CLAIMS, f"uid-{j:03d}": record(j, generation)}
         return Checkpoint(boot_id="boot", claims=claims, generation=generation)
 
     store = CheckpointStore(directory, boot_id="boot")
