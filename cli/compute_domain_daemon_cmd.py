@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
 from gpudra.cli.logs import configure_logging
 from gpudra.cli.options import CliError, add_simulation_flags, check_simulate_profile, env
+from gpudra.cli.signals import stop_on_signals
 
 
 def add_parser(sub: Any) -> None:
@@ -111,10 +111,7 @@ async def _main(args: argparse.Namespace, *, uid: str, namespace: str, name: str
         domain_uid=uid, domain_namespace=namespace, domain_name=name, node=node,
         address=address, imex_dir=_imex_dir(args, uid), clique=clique_id(fabric),
         imex_command=command, query=query, interval=args.interval), RawApi(session))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await workload.run(stop)
     except WorkloadError as exc:

@@ -5,13 +5,12 @@ for why it is a daemon of its own)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
 from gpudra.cli.logs import configure_logging
 from gpudra.cli.options import CliError, add_simulation_flags, check_simulate_profile, env
+from gpudra.cli.signals import run_until_signalled
 
 
 def add_parser(sub: Any) -> None:
@@ -95,15 +94,8 @@ def run(args: argparse.Namespace) -> int:
         fabric_poll=max(0.0, args.fabric_poll))
     configure_logging(fmt=args.log_format)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
-
     try:
-        asyncio.run(main())
+        run_until_signalled(lambda stop: serve(config, stop))
     except NodeDaemonError as exc:
         raise CliError(str(exc)) from exc
     return 0

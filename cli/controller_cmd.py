@@ -9,10 +9,8 @@ kubeconfig or a lost Lease (the Deployment restarts it as a standby).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import os
-import signal
 import uuid
 from typing import Any
 
@@ -21,6 +19,7 @@ import structlog
 from gpudra.api.identifiers import IdentifierError, check_label, check_name
 from gpudra.cli.logs import configure_logging, fatal_line, resolve_format
 from gpudra.cli.options import CliError, env
+from gpudra.cli.signals import run_until_signalled
 
 log = structlog.get_logger("gpudra.controller")
 
@@ -182,14 +181,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("starting the ComputeDomain controller", namespace=config.settings.namespace,
                  identity=config.identity, leader_election=config.lease is not None)
 
-        async def main() -> None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await serve(config, stop)
-
-        asyncio.run(main())
+        run_until_signalled(lambda stop: serve(config, stop))
     except (CliError, LeadershipLost) as exc:
         if effective != "json":
             raise CliError(str(exc)) from exc

@@ -8,12 +8,10 @@ then: the time until the kubelet's ``GetInfo`` is answered is mostly imports.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,6 +30,7 @@ from gpudra.cli.options import (
     feature_gates,
     node_name,
 )
+from gpudra.cli.signals import run_until_signalled
 from gpudra.driver.featuregates import DEFAULTS as GATES
 from gpudra.driver.gpu_shares import NONE, ShareableError, ShareableGpus, parse_shareable
 from gpudra.driver.health import (
@@ -343,14 +342,7 @@ def run(args: argparse.Namespace) -> int:
         for note in config.gates.notes:  # NVIDIA's gate names: deprecated or ignored
             log.warning(note)
 
-        async def main() -> None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await serve(config, stop)
-
-        asyncio.run(main())
+        run_until_signalled(lambda stop: serve(config, stop))
     except (CliError, DaemonError) as exc:
         if effective != "json":
             raise CliError(str(exc)) from exc
