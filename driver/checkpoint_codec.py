@@ -97,7 +97,7 @@ def encode(cp: Checkpoint) -> bytes:
 
 class _Encoded(NamedTuple):
     record: ClaimRecord
-    """Held so that its ``id`` is not reused while the entry lives."""
+    """Held, as ``as_read`` is, so that neither ``id`` is reused while the entry lives."""
     plain: str
     """``"<uid>":<record>`` as written: the models' key order (the layout earlier builds
     wrote, byte for byte)."""
@@ -121,7 +121,7 @@ class RecordCache:
 
     def encoded(self, uid: str, record: ClaimRecord, path: Path) -> _Encoded:
         entry = self._entries.get((id(record), uid))
-        if entry is not None and entry.record is record:
+        if entry is not None and (entry.record is record or entry.as_read is record):
             return entry
         raw = json.loads(record.model_dump_json())
         key = json.dumps(uid)
@@ -132,8 +132,7 @@ class RecordCache:
         """Keep the entries of one save's records (``uid`` → entry), and forget the rest."""
         kept: dict[tuple[int, str], _Encoded] = {}
         for uid, entry in entries.items():
-            kept[(id(entry.record), uid)] = entry
-            kept[(id(entry.as_read), uid)] = entry._replace(record=entry.as_read)
+            kept[(id(entry.record), uid)] = kept[(id(entry.as_read), uid)] = entry
         self._entries = kept
 
 

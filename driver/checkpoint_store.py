@@ -4,7 +4,11 @@ Two files in the driver's directory:
 
 - ``checkpoint.json``, the snapshot (:mod:`gpudra.driver.checkpoint_codec`), only ever
   replaced whole: temp file, fsync, rename, directory fsync. A crash at any point leaves
-  the old or the new content, never a mix;
+  the old or the new content, never a mix. A commit that changes only claims leaves out
+  the directory fsync: claims are dropped at the next boot anyway, and a process crash
+  loses no rename; so a power cut that brings back the previous file loses nothing it
+  would have kept. What a new boot keeps (MIG-mode baselines, the boot id) is always
+  committed with the directory fsync;
 - ``checkpoint.lock``, whose ``flock`` keeps writers apart: the threads of this process,
   and two daemon instances sharing the directory during a rolling update.
 
@@ -49,6 +53,7 @@ from gpudra.driver.metrics import CHECKPOINT_WRITE_SECONDS
 FILE_NAME = "checkpoint.json"
 LOCK_NAME = "checkpoint.lock"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+READ_SIZE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -102,10 +107,25 @@ class _Read:
 
 
 def _read_bytes(path: Path) -> bytes | None:
+    # os calls, not Path.read_bytes: half the system calls (no buffered file object), and
+    # every kubelet call reads the file one to three times.
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, READ_SIZE):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kept_by_new_boot(cp: Checkpoint) -> dict[str, object]:
+    """What of ``cp`` outlives a reboot: everything but the claims (see
+    :meth:`CheckpointStore._result`)."""
+    return cp.model_dump(exclude={"claims"})
 
 
 class CheckpointStore:
@@ -120,6 +140,7 @@ class CheckpointStore:
         self._lock = CheckpointLock(self.lock_path)
         self._cache: _Read | None = None
         self._records = RecordCache()
+        self._temp: tuple[int, Path] | None = None
         self._written: bytes | None = None
         """The content this process last wrote and synced (or found there, synced)."""
 
@@ -221,36 +242,48 @@ class CheckpointStore:
     # --- writing ---------------------------------------------------------------------------
 
     def save(self, cp: Checkpoint) -> None:
-        """Make ``cp`` the checkpoint, durably: the old or the new state survives any crash.
+        """Make ``cp`` the checkpoint: the old or the new state survives any crash, and
+        after a power cut the new one too, but for its claims (see the module's docstring).
 
         A save of what the file already holds writes nothing. A file this build cannot
         read is replaced whole, except a newer build's (``CheckpointVersionUnsupported``).
         """
+        with self.locked():
+            self._save(cp, None)
+
+    def _save(self, cp: Checkpoint, read: _Read | None) -> None:
+        """:meth:`save` under the lock; ``read``: the files as this thread read them under
+        this hold of the lock, so as they still are (no writer can have changed them)."""
         started = time.perf_counter()
         content, as_read = encode_as_read(cp, path=self.path, cache=self._records)
-        with self.locked():
-            on_disk = _read_bytes(self.path)
-            if on_disk == content:
-                if content != self._written:
-                    # Written by another process, which may have died between its rename
-                    # and its directory fsync: ours makes the rename durable.
-                    fsync_directory(self.directory)
-                    self._written = content
-                return
-            cached = self._cache
-            if on_disk is not None and on_disk != self._written and (
-                    cached is None or on_disk != cached.content):
-                with contextlib.suppress(CheckpointCorrupt):
-                    self._read()  # raises for a newer build's version
-            self._write(content, as_read)
+        on_disk = read.content if read is not None else _read_bytes(self.path)
+        if on_disk == content:
+            if content != self._written:
+                # Written by another process, which may have died between its rename and
+                # its directory fsync: ours makes the rename durable.
+                fsync_directory(self.directory)
+                self._written = content
+            return
+        cached = read if read is not None else self._cache
+        if read is None and on_disk is not None and on_disk != self._written and (
+                cached is None or on_disk != cached.content):
+            with contextlib.suppress(CheckpointCorrupt):
+                cached = self._read()  # raises for a newer build's version
+        # A commit of claims alone replacing a plain snapshot needs no directory fsync; the
+        # previous build's snapshot goes with its journal, so that rename is always synced.
+        previous = cached.checkpoint if cached is not None and cached.journal is None \
+            and on_disk is not None and cached.content == on_disk else None
+        self._write(content, as_read, sync_rename=previous is None or (
+            _kept_by_new_boot(previous) != _kept_by_new_boot(as_read)))
         CHECKPOINT_WRITE_SECONDS.observe(time.perf_counter() - started)
 
-    def _write(self, content: bytes, as_read: Checkpoint) -> None:
+    def _write(self, content: bytes, as_read: Checkpoint, *, sync_rename: bool = True) -> None:
         """Replace the snapshot with ``content``, which a reader decodes as ``as_read``
-        (under the lock)."""
+        (under the lock); ``sync_rename=False`` leaves out the directory fsync (see the
+        module's docstring: only for a commit that changes claims alone)."""
         # The directory exists: the lock file held meanwhile is in it (made with its mode).
         self._cache = self._written = None
-        atomic_write(self.path, content, tmp=self.directory / f"{FILE_NAME}.tmp-{os.getpid()}")
+        atomic_write(self.path, content, tmp=self._temp_path(), sync_rename=sync_rename)
         # The previous build's journal, if any, completed the snapshot just replaced; the
         # new one is whole without it. A power cut that brings the journal back brings
         # the old snapshot back with it, or leaves one the journal does not belong to.
@@ -259,11 +292,22 @@ class CheckpointStore:
         # The cache: what a reader decodes (not the checkpoint saved: see encode_as_read).
         self._cache = _Read(content=content, journal=None, checkpoint=as_read, version=VERSION)
 
+    def _temp_path(self) -> Path:
+        """This process's temp file (by pid: two instances may write the directory)."""
+        pid = os.getpid()
+        if self._temp is None or self._temp[0] != pid:
+            self._temp = (pid, self.directory / f"{FILE_NAME}.tmp-{pid}")
+        return self._temp[1]
+
     def update(self, fn: Callable[[Checkpoint], Checkpoint], timeout: float = 10.0) -> Checkpoint:
         """Lock, load, apply ``fn``, save; returns what was saved."""
         with self.locked(timeout):
-            new = fn(self.load())
-            self.save(new)
+            read = self._read()
+            cp = read.checkpoint
+            if cp.boot_id != self.boot_id:
+                cp = self._result(cp, migrated_from=None).checkpoint
+            new = fn(cp)
+            self._save(new, read)
             return new
 
     def quarantine(self) -> Path | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpudra.driver.checkpoint_model import (
+    Checkpoint,
     ClaimRecord,
     with_claim,
     with_mig_mode_baseline,
@@ -51,11 +52,12 @@ class ClaimCommit:
         """
         if not self._changes:
             return
-        with self._store.locked(self._lock_timeout):
-            cp = self._store.load()
-            for gpu, enabled in self._baselines.items():
-                cp = with_mig_mode_baseline(cp, gpu, enabled)
-            for uid, record in self._changes.items():
-                cp = without_claim(cp, uid) if record is None else with_claim(cp, record)
-            self._store.save(cp)
+        self._store.update(self._applied, self._lock_timeout)
         self._changes, self._baselines = {}, {}
+
+    def _applied(self, cp: Checkpoint) -> Checkpoint:
+        for gpu, enabled in self._baselines.items():
+            cp = with_mig_mode_baseline(cp, gpu, enabled)
+        for uid, record in self._changes.items():
+            cp = without_claim(cp, uid) if record is None else with_claim(cp, record)
+        return cp

@@ -100,13 +100,17 @@ def write_all(fd: int, content: bytes, path: Path | str) -> None:
 
 
 def atomic_write(path: Path, content: bytes, *, tmp: Path, mode: int = FILE_MODE,
-                 durable: bool = True) -> None:
+                 durable: bool = True, sync_rename: bool = True) -> None:
     """Replace ``path`` so that a crash at any point leaves the old or the new content.
 
     ``tmp`` must be in the same directory (rename is atomic only within a filesystem).
     ``durable=False`` skips both fsyncs: the caller syncs the directory itself, once for
-    many files (:func:`fsync_directory`), when a power cut needs no more than that. The
-    file gets exactly ``mode``; an error names ``path`` (or ``tmp`` where the create fails).
+    many files (:func:`fsync_directory`), when a power cut needs no more than that.
+    ``sync_rename=False`` syncs the content before the rename, so that no crash leaves a
+    torn file, but not the directory after it: a power cut may then bring back the old
+    file, whole (the filesystem's own commit, or the next directory fsync, makes the
+    rename durable). The file gets exactly ``mode``; an error names ``path`` (or ``tmp``
+    where the create fails).
     """
     fd = open_created(tmp, os.O_WRONLY | os.O_TRUNC, mode)
     try:
@@ -122,7 +126,7 @@ def atomic_write(path: Path, content: bytes, *, tmp: Path, mode: int = FILE_MODE
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if durable:
+    if durable and sync_rename:
         fsync_directory(path.parent)
 
 
