@@ -142,7 +142,8 @@ class CheckpointStore:
         self._records = RecordCache()
         self._temp: tuple[int, Path] | None = None
         self._written: bytes | None = None
-        """The content this process last wrote and synced (or found there, synced)."""
+        """The content this process last wrote (its rename synced unless it changed claims
+        alone), or found there and synced."""
 
     def locked(self, timeout: float = 10.0) -> contextlib.AbstractContextManager[None]:
         """Hold the checkpoint lock (re-entrant in a thread, exclusive across threads and

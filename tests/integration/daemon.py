@@ -73,6 +73,11 @@ class Daemon:
     background_kubelet: BackgroundKubelet | None = None
     log_mark: int = 0
     """Length of the log when the current process started (a base may be reused)."""
+    python: str = sys.executable
+    root: Path = ROOT
+    """The checkout to run and its interpreter: another build's, for ``bench.ab_calls``."""
+    dynamic_mig_flag: bool = True
+    """Pass ``--dynamic-mig-gpus all`` (builds before issue 29 had no such flag: all were)."""
 
     @property
     def registrar(self) -> Path:
@@ -96,14 +101,15 @@ class Daemon:
     def start(self, *, wait: bool = True) -> Daemon:
         kubeconfig = write_kubeconfig(self.base / "kubeconfig", self.url)
         args = [
-            sys.executable, "-m", "gpudra.cli.main", "node",
+            self.python, "-m", "gpudra.cli.main", "node",
             "--node-name", self.node, "--simulate", self.profile,
             "--sim-state", str(self.sim_state), "--kubeconfig", str(kubeconfig),
             "--registrar-dir", str(self.registrar), "--plugins-dir", str(self.plugins),
             "--cdi-root", str(self.cdi_root), "--http-address", "",
-            "--log-format", "json", "--dynamic-mig-gpus", "all", *self.extra_args,
+            "--log-format", "json",
+            *(("--dynamic-mig-gpus", "all") if self.dynamic_mig_flag else ()), *self.extra_args,
         ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
+        env = {**os.environ, "PYTHONPATH": str(self.root), **self.env}
         for hook in ("GPUDRA_CRASH_AT", "GPUDRA_DELAY_AT", "GPUDRA_FAIL_AT"):
             if hook not in self.env:
                 env.pop(hook, None)
@@ -113,7 +119,7 @@ class Daemon:
             self.background_kubelet = BackgroundKubelet(self.registrar).start()
         self.log_mark = len(self.output())
         with self.log_path.open("a") as out:
-            self.process = subprocess.Popen(args, env=env, cwd=ROOT, text=True, stdout=out,
+            self.process = subprocess.Popen(args, env=env, cwd=self.root, text=True, stdout=out,
                                             stderr=subprocess.STDOUT)
         if wait:
             self.wait_registered()
