@@ -148,7 +148,10 @@ class ComputeDomainPreparer:
             check_claim(ref.namespace, ref.name, ref.uid)
         except IdentifierError as exc:
             raise PrepareError(f"claim {shown(ref.namespace)}/{shown(ref.name)}: {exc}") from exc
-        done = self._checkpoint.get(ref.uid)
+        try:
+            done = self._checkpoint.get(ref.uid)
+        except (CheckpointError, OSError) as exc:
+            raise PrepareError(f"claim {ref}: {exc}") from exc
         if done is not None and done.state == "completed":
             return _prepared(done)  # a retry or a kubelet restart: no API call
         claim = self._read(ref, self._api.get(RESOURCE_CLAIMS, ref.name,
@@ -162,6 +165,16 @@ class ComputeDomainPreparer:
             return self._commit(ref, allocated)
 
     def _commit(self, ref: ClaimRef, allocated: _Allocated) -> tuple[PreparedDevice, ...]:
+        """Both phases and the files between them under the checkpoint's lock: the other
+        daemon instance (a rolling update) changes nothing in between, so its unprepare of
+        a claim of the same domain cannot remove the IMEX directory this one is writing."""
+        try:
+            with self._checkpoint.locked():
+                return self._commit_held(ref, allocated)
+        except CheckpointError as exc:
+            raise PrepareError(f"claim {ref}: {exc}") from exc
+
+    def _commit_held(self, ref: ClaimRef, allocated: _Allocated) -> tuple[PreparedDevice, ...]:
         entries = tuple(
             PreparedEntry(request, self._node, device,
                           (cdi.qualified_name(self._driver, ref.uid, device),))
@@ -321,20 +334,31 @@ class ComputeDomainPreparer:
     # --- unprepare -------------------------------------------------------------------------
 
     def _unprepare(self, ref: ClaimRef) -> None:
-        with self._lock:
+        # Under the checkpoint's lock too: the other instance must not make a claim of the
+        # same domain between the look at the other claims and the removal of its directory.
+        try:
+            with self._lock, self._checkpoint.locked():
+                self._unprepare_held(ref)
+        except CheckpointError as exc:
+            raise PrepareError(f"claim {ref}: {exc}") from exc
+
+    def _unprepare_held(self, ref: ClaimRef) -> None:
+        try:
             entry = self._checkpoint.get(ref.uid)
-            if entry is None:
-                return  # never prepared here, or already undone: nothing to do
-            try:
-                cdi.remove_spec(self._paths.cdi_root, self._driver, ref.uid)
-                crash_point("unprepare:after-cdi-remove")
-                if entry.kind == "daemon" and not any(
-                        e.kind == "daemon" and e.domain == entry.domain
-                        for uid, e in self._checkpoint.all().items() if uid != ref.uid):
-                    remove_domain(self._paths.imex_root, entry.domain)
-                self._checkpoint.remove(ref.uid)
-            except (CheckpointError, cdi.CdiError, OSError) as exc:
-                raise PrepareError(f"claim {ref}: {exc}") from exc
+        except (CheckpointError, OSError) as exc:
+            raise PrepareError(f"claim {ref}: {exc}") from exc
+        if entry is None:
+            return  # never prepared here, or already undone: nothing to do
+        try:
+            cdi.remove_spec(self._paths.cdi_root, self._driver, ref.uid)
+            crash_point("unprepare:after-cdi-remove")
+            if entry.kind == "daemon" and not any(
+                    e.kind == "daemon" and e.domain == entry.domain
+                    for uid, e in self._checkpoint.all().items() if uid != ref.uid):
+                remove_domain(self._paths.imex_root, entry.domain)
+            self._checkpoint.remove(ref.uid)
+        except (CheckpointError, cdi.CdiError, OSError) as exc:
+            raise PrepareError(f"claim {ref}: {exc}") from exc
 
 
 def _prepared(entry: ClaimEntry) -> tuple[PreparedDevice, ...]:

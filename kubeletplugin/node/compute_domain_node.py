@@ -113,9 +113,6 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
             config.cdi_root, DRIVER_NAME))
     except (CheckpointError, OSError) as exc:
         raise NodeDaemonError(f"checkpoint: {exc}") from exc
-    if checkpoint.set_aside is not None:
-        log.warning("checkpoint unreadable: set aside and rebuilt from the CDI specs",
-                    set_aside=str(checkpoint.set_aside), claims=len(checkpoint.all()))
     devices = build_devices(fabric, channels=config.channels, daemons=config.daemons)
     api = api_session(connection)
     preparer = ComputeDomainPreparer(
@@ -181,6 +178,7 @@ async def serve(config: ComputeDomainNodeConfig, stop: asyncio.Event) -> None:
         await supervisor.stop()
         await api.close()
         await asyncio.to_thread(nvml.shutdown)
+        checkpoint.close()
 
 
 def _open_nvml(config: ComputeDomainNodeConfig) -> Nvml:
