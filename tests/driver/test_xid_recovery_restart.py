@@ -69,7 +69,11 @@ def test_a_catalog_recovery_is_still_there_after_a_restart(sim_node, tmp_path): 
     again = _monitor(n, store)  # the daemon restarted; nothing reset the GPU
     assert _recovery_taints(n, again) == {"gpu-0": "node-reboot"}  # before any watching
     with again:
-        time.sleep(3 * PROBE_INTERVAL)  # probes find nothing that clears it
+        # Three probe intervals of heartbeats: probes ran (a tick follows each due probe)
+        # and found nothing that clears it. Waiting on the heartbeat, not a blind sleep,
+        # proves the watcher really looked on a slow machine.
+        watching_from = again.checked_at
+        _wait(lambda: again.checked_at >= watching_from + 3 * PROBE_INTERVAL)
         assert _recovery_taints(n, again) == {"gpu-0": "node-reboot"}
     rebooted = _monitor(n, RecoveryStore(tmp_path / "gpu-recovery.json", "boot-2"))
     assert _recovery_taints(n, rebooted) == {}
