@@ -25,6 +25,7 @@ from gpudra.api.claims import ClaimRef
 from gpudra.api.compute_domain import DRIVER_NAME
 from gpudra.testing.kubelet_emulator import BackgroundKubelet, KubeletEmulator
 from gpudra.testing.pod_runner import PodRunner
+from tests.integration.daemon import write_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -40,16 +41,6 @@ def until(check: Callable[[], T], what: str | Callable[[], str], timeout: float 
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
-
-
-def write_kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
-        "users: [{name: test, user: {}}]\n"
-        "contexts: [{name: test, context: {cluster: fake, user: test}}]\n"
-        "current-context: test\n")
-    return path
 
 
 @dataclass

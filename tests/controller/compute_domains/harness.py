@@ -21,21 +21,12 @@ from typing import Any, TypeVar
 
 from gpudra.api import compute_domain as cd
 from gpudra.testing.fakeapi.server import FakeApiServer
+from tests.integration.daemon import write_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER_NS = "gpudra-system"
 T = TypeVar("T")
 CD_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains"
-
-
-def write_kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
-        "users: [{name: test, user: {}}]\n"
-        "contexts: [{name: test, context: {cluster: fake, user: test}}]\n"
-        "current-context: test\n")
-    return path
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
